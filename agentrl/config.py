@@ -1,0 +1,372 @@
+"""Typed configuration: dataclasses, YAML files and dotted overrides (design §10).
+
+    cfg = load_config(env="code", overrides=["trainer.lr=1e-6"])
+
+Every key is checked before any work starts: an unknown key names the allowed keys, an
+ill-typed value names the expected type (and the allowed values for a choice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+if not CONFIG_DIR.is_dir():  # editable install / source checkout: configs/ beside the package
+    CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A bad config; the message names the key and what is allowed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections. Defaults fit a 2-core CPU with the embedded model; algorithms.md gives the rest.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"  # embedded default, a local HF folder, or a hub id
+    cache_dir: str = "~/.cache/agentrl/models"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+@dataclass
+class EngineConfig:
+    kind: Literal["hf", "vllm", "openai"] = "hf"
+    max_batch_size: int = 16
+    base_url: str = "http://127.0.0.1:8000/v1"  # openai engine
+    api_key: str = "EMPTY"
+    gpu_memory_utilization: float = 0.5  # vllm
+    max_model_len: int = 4096
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256  # per turn
+
+
+@dataclass
+class EnvConfig:
+    name: str = "code"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    tool_parser: str = "hermes"
+    max_output_chars: int = 2000
+    tool_timeout_s: float = 10.0
+
+
+@dataclass
+class SandboxConfig:
+    backend: Literal["local", "docker", "process"] = "local"
+    image: str = "agentrl-base:bookworm"
+    pool_size: int = 4
+    timeout_s: float = 10.0
+    memory_mb: int = 1024
+    cpus: float = 1.0
+    pids: int = 64
+    max_output_bytes: int = 1_000_000
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 4  # G samples per task
+    concurrency: int = 8  # trajectories in flight per worker
+    trajectory_timeout_s: float = 300.0
+    max_context_tokens: int = 2048
+
+
+@dataclass
+class TRMConfig:
+    """Trust Region Masking, algorithms.md §2.5 (combined sample-based defaults)."""
+
+    mode: Literal["off", "max", "avg", "both"] = "off"
+    delta: float = 0.1  # max_t k2(ρ_t) bound
+    delta_avg: float = 0.002  # mean_t k3(ρ_t) bound
+    normalize: Literal["total", "accepted"] = "total"
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO soft overlong punishment, algorithms.md §5.2(4)."""
+
+    enabled: bool = False
+    max_len: int = 1024
+    cache_len: int = 256
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 10
+    batch_groups: int = 2  # groups per global batch
+    minibatches: int = 1  # optimizer steps per global batch
+    micro_batch_size: int = 4  # sequences per forward pass (gradient accumulation)
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    advantage: Literal["grpo", "drgrpo", "rloo", "otb"] = "grpo"
+    loss: Literal["ppo", "gspo", "reinforce"] = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # DAPO clip-higher
+    dual_clip: float | None = None  # e.g. 3.0
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    loss_scale_factor: float | None = None  # Dr.GRPO constant divisor
+    decoupled: bool = True  # AReaL decoupled objective, π_prox recomputed per batch (§8.2)
+    tis_cap: float | None = 2.0  # truncated IS on π_old/π_roll (§8.3); None disables
+    kl_coef: float = 0.0  # k3 KL to the reference policy
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
+    max_gen_batches: int = 10
+    trm: TRMConfig = field(default_factory=TRMConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    checkpoint_every: int = 5
+    seed: int = 0
+
+
+@dataclass
+class RewardConfig:
+    """G-RA, algorithms.md §3: step rewards count only when the outcome passes the gate."""
+
+    gate: float | None = 0.0  # None = D-RA (ungated accumulation)
+    step_reward_alpha: float = 0.01
+
+
+@dataclass
+class SummarizeConfig:
+    """SUPO, algorithms.md §4."""
+
+    enabled: bool = False
+    working_context: int = 2048  # W
+    ratio: float = 0.95  # L = ratio * W
+    max_summaries: int = 2  # S
+    max_steps: int = 32  # H
+
+
+@dataclass
+class LaminarConfig:
+    backend: Literal["laminar", "sync", "global-async"] = "laminar"
+    num_workers: int = 1
+    num_relays: int = 1
+    repack_interval_s: float = 5.0
+    fetch_policy: Literal["wait_inflight", "local"] = "wait_inflight"
+    max_staleness: int | None = None
+    buffer_capacity: int = 256
+    heartbeat_s: float = 2.0
+    chunk_bytes: int = 16 * 1024 * 1024
+    ray_address: str | None = None
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs"
+    name: str | None = None
+    quiet: bool = False
+    tensorboard: bool = False
+    wandb: bool = False
+    save_trajectories: int = 4  # trajectories per step written to trajectories.jsonl
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
+    laminar: LaminarConfig = field(default_factory=LaminarConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Strict construction from plain data
+# ---------------------------------------------------------------------------------------------
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return `value` as type `tp`, or raise ConfigError naming `key`."""
+    origin = get_origin(tp)
+    bad = ConfigError(f"config key '{key}': got {value!r}, expected {_type_name(tp)}")
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value in get_args(tp):
+            return value
+        raise bad
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise bad
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, key)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad
+        return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        (arg,) = get_args(tp)
+        return [_coerce(v, arg, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    raise bad
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else key
+        if key not in hints:
+            raise ConfigError(f"unknown config key '{full}'; allowed keys{' in ' + prefix if prefix else ''}: "
+                              + ", ".join(names))
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """`trainer.trm.delta=0.05` → {"trainer": {"trm": {"delta": 0.05}}} (value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key.path=value")
+    path, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    if path.strip() == "":
+        raise ConfigError(f"override '{text}' has an empty key")
+    node: dict[str, Any] = {}
+    root = node
+    parts = path.strip().split(".")
+    for part in parts[:-1]:
+        node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+    return root
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def load_config(env: str | None = None, config_file: str | Path | None = None,
+                overrides: list[str] | None = None) -> Config:
+    """base.yaml ← configs/<env>.yaml (if any) ← config_file ← dotted overrides."""
+    data = _read_yaml(CONFIG_DIR / "base.yaml") if (CONFIG_DIR / "base.yaml").exists() else {}
+    if env is not None:
+        env_file = CONFIG_DIR / f"{env}.yaml"
+        if env_file.exists():
+            data = _merge(data, _read_yaml(env_file))
+        data = _merge(data, {"env": {"name": env}})
+    if config_file is not None:
+        data = _merge(data, _read_yaml(Path(config_file)))
+    for text in overrides or []:
+        data = _merge(data, parse_override(text))
+    cfg = _build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that types alone cannot express."""
+    checks = [
+        (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.trainer.batch_groups >= 1, "trainer.batch_groups must be >= 1"),
+        (cfg.trainer.lr > 0, "trainer.lr must be > 0"),
+        (0 <= cfg.trainer.clip_low < 1, "trainer.clip_low must be in [0, 1)"),
+        (cfg.trainer.clip_high >= 0, "trainer.clip_high must be >= 0"),
+        (cfg.sampling.temperature > 0, "sampling.temperature must be > 0"),
+        (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
+        (cfg.sampling.max_tokens >= 1, "sampling.max_tokens must be >= 1"),
+        (0 < cfg.summarize.ratio <= 1, "summarize.ratio must be in (0, 1]"),
+        (cfg.laminar.num_workers >= 1, "laminar.num_workers must be >= 1"),
+        (cfg.trainer.dual_clip is None or cfg.trainer.dual_clip > 1, "trainer.dual_clip must be > 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
