@@ -9,6 +9,7 @@ ill-typed value names the expected type (and the allowed values for a choice).
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -219,6 +220,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return `value` as type `tp`, or raise ConfigError naming `key`."""
     origin = get_origin(tp)
@@ -254,6 +258,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise bad
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):  # YAML 1.1 reads 1e-6 as str
             return float(value)
         raise bad
     if tp is str:

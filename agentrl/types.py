@@ -22,6 +22,27 @@ class Message(TypedDict, total=False):
     tool_call_id: str
 
 
+Task = dict[str, Any]
+"""One task: a plain JSON-able dict with at least an "id" key; the env gives it meaning."""
+
+
+@dataclass
+class StepResult:
+    """What `Env.astep(action)` returns.
+
+    `observation` holds the new messages to append to the conversation (tool results, user
+    feedback); it may be empty on the terminal step. `reward` is this step's (ungated) step
+    reward; its named components go in `info["step_rewards"]`. On the terminal step `info`
+    carries `"outcome_reward": float` and `"reward_components": dict[str, float]`.
+    """
+
+    observation: list[Message]
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
 class Status(str, Enum):
     """How a trajectory ended. Only `finished` and `truncated` ones train; `error` and
     `aborted` ones are kept for metrics and masked from the loss."""
