@@ -1,0 +1,182 @@
+"""The `agentrl` command (design §10).
+
+    agentrl train --env swe [--config FILE] [key.path=value ...] [--dry-run]
+    agentrl eval --env code --model PATH_OR_RUN --n 8
+    agentrl envs | env check NAME | sandbox build|ls|prune | swe synth | report RUN_DIR
+
+Imports are lazy so `agentrl --help` answers at once. Exit codes: 0 ok, 1 failure, 2 bad usage
+or bad config (nothing was started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", help="built-in env (code, search, swe, ...), a registered name, or module:Class")
+    p.add_argument("--config", help="a YAML file applied on top of configs/base.yaml and configs/<env>.yaml")
+    p.add_argument("--backend", choices=["laminar", "sync", "global-async"], help="= laminar.backend")
+    p.add_argument("--engine", choices=["hf", "vllm", "openai"], help="= engine.kind")
+    p.add_argument("--model", help="= model.name: smollm2-135m (embedded), a local HF folder or a hub id")
+    p.add_argument("--ray", metavar="ADDRESS", help="run on Ray: 'local' or a cluster address such as auto")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrl",
+        description="Reinforcement learning of LLM agents that act over many turns with tools in sandboxes.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a policy on an environment")
+    _add_train_args(p)
+
+    p = sub.add_parser("eval", help="evaluate a model or a run's checkpoint on an environment")
+    p.add_argument("--env", required=True)
+    p.add_argument("--model", default=None, help="model name/path or a run directory (default: the embedded model)")
+    p.add_argument("--n", type=int, default=8, help="number of episodes")
+    p.add_argument("--config", default=None)
+    p.add_argument("--split", default="test")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value")
+
+    sub.add_parser("envs", help="list registered environments")
+
+    p = sub.add_parser("env", help="environment tools")
+    env_sub = p.add_subparsers(dest="env_command", metavar="ENV_COMMAND")
+    c = env_sub.add_parser("check", help="check an env against the Gymnasium and agentrl contracts")
+    c.add_argument("name")
+    c.add_argument("kwargs", nargs="*", metavar="key=value", help="constructor keyword arguments")
+
+    p = sub.add_parser("sandbox", help="sandbox images and containers")
+    sb_sub = p.add_subparsers(dest="sandbox_command", metavar="SANDBOX_COMMAND")
+    sb_sub.add_parser("build", help="build the base sandbox image (debootstrap + docker import)")
+    c = sb_sub.add_parser("ls", help="list agentrl containers")
+    c.add_argument("--run-id", default=None)
+    c = sb_sub.add_parser("prune", help="remove leaked agentrl containers (also those of crashed runs)")
+    c.add_argument("--run-id", default=None)
+    c.add_argument("--older-than", type=float, default=None, metavar="SECONDS")
+
+    p = sub.add_parser("swe", help="SWE task tools")
+    swe_sub = p.add_subparsers(dest="swe_command", metavar="SWE_COMMAND")
+    c = swe_sub.add_parser("synth", help="synthesise SWE tasks from a real package by bug injection")
+    c.add_argument("rest", nargs=argparse.REMAINDER)
+
+    p = sub.add_parser("report", help="write PNG plots and an HTML summary for a run")
+    p.add_argument("run_dir")
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError, dump_config
+
+    overrides = list(args.overrides)
+    for flag, key in (("backend", "laminar.backend"), ("engine", "engine.kind"), ("model", "model.name")):
+        if getattr(args, flag):
+            overrides.append(f"{key}={getattr(args, flag)}")
+    if args.quiet:
+        overrides.append("run.quiet=true")
+    if args.ray:
+        overrides.append(f"laminar.ray_address={args.ray}")
+    try:
+        from agentrl.run import prepare_run
+
+        plan = prepare_run(env=args.env, config_file=args.config, overrides=overrides, resume=args.resume)
+    except ConfigError as e:
+        print(f"agentrl train: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(dump_config(plan.config), end="")
+        return 0
+    from agentrl.run import train
+
+    return train(plan)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from agentrl.config import ConfigError
+
+    try:
+        from agentrl.evaluate import main as eval_main
+
+        return eval_main(env=args.env, model=args.model, n=args.n, config_file=args.config,
+                         split=args.split, overrides=args.overrides)
+    except ConfigError as e:
+        print(f"agentrl eval: {e}", file=sys.stderr)
+        return 2
+
+
+def _cmd_envs(_: argparse.Namespace) -> int:
+    import agentrl
+
+    for name, target in sorted(agentrl.registry().items()):
+        print(f"{name:16s} {target}")
+    return 0
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    if args.env_command != "check":
+        build_parser().parse_args(["env", "--help"])
+    from agentrl.envcheck import main as check_main
+
+    return check_main([args.name, *args.kwargs])
+
+
+def _cmd_sandbox(args: argparse.Namespace) -> int:
+    import json
+    import subprocess
+    from pathlib import Path
+
+    if args.sandbox_command == "build":
+        script = Path(__file__).resolve().parent.parent / "scripts" / "docker_up.sh"
+        return subprocess.call(["bash", str(script)])
+    from agentrl.sandboxes import admin
+
+    if args.sandbox_command == "ls":
+        for row in admin.list_containers(run_id=args.run_id):
+            print(json.dumps(row))
+        return 0
+    if args.sandbox_command == "prune":
+        removed = admin.prune(run_id=args.run_id, older_than_s=args.older_than)
+        print(f"removed {removed} container(s)")
+        return 0
+    build_parser().parse_args(["sandbox", "--help"])
+    return 2
+
+
+def _cmd_swe(args: argparse.Namespace) -> int:
+    if args.swe_command != "synth":
+        build_parser().parse_args(["swe", "--help"])
+    from agentrl.envs.swe.synth import main as synth_main
+
+    return synth_main(args.rest)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from agentrl.report import write_report
+
+    out = write_report(args.run_dir)
+    print(f"report written to {out}")
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "envs": _cmd_envs, "env": _cmd_env,
+            "sandbox": _cmd_sandbox, "swe": _cmd_swe, "report": _cmd_report}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

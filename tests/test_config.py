@@ -1,0 +1,61 @@
+"""Config: YAML + dotted overrides, strict keys and types, clear messages."""
+
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import ConfigError, dump_config, load_config, parse_override
+
+
+def test_defaults_and_env_file_and_overrides() -> None:
+    cfg = load_config("code", overrides=["trainer.lr=1e-6", "trainer.trm.mode=both", "reward.gate=null",
+                                         "trainer.betas=[0.9, 0.99]"])
+    assert cfg.env.name == "code"
+    assert cfg.trainer.lr == pytest.approx(1e-6)
+    assert cfg.trainer.trm.mode == "both"
+    assert cfg.reward.gate is None
+    assert cfg.trainer.betas == (0.9, 0.99)
+
+
+def test_algorithm_defaults_match_algorithms_md() -> None:
+    cfg = load_config()
+    assert (cfg.trainer.clip_low, cfg.trainer.clip_high) == (0.2, 0.28)  # DAPO §5.3
+    assert (cfg.trainer.trm.delta, cfg.trainer.trm.delta_avg) == (0.1, 0.002)  # TRM §2.5 combined
+    assert cfg.trainer.trm.normalize == "total"  # §2.4
+    assert cfg.laminar.repack_interval_s == 5.0 and cfg.laminar.max_staleness is None  # §1.7
+    assert cfg.summarize.ratio == 0.95  # SUPO §4.1
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.lr=abc", "'trainer.lr': got 'abc', expected float"),
+    ("trainer.lrr=1", "unknown config key 'trainer.lrr'; allowed keys in trainer: steps"),
+    ("trainer.loss=foo", "expected one of 'ppo', 'gspo', 'reinforce'"),
+    ("trainer.steps=1.5", "'trainer.steps': got 1.5, expected int"),
+    ("nosuch.key=1", "unknown config key 'nosuch'"),
+    ("trainer.lr=-1", "trainer.lr must be > 0"),
+    ("trainer", "not of the form key.path=value"),
+])
+def test_bad_values_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("code", overrides=[override])
+    assert message in str(err.value)
+
+
+def test_config_file_layer_and_dump_round_trip(tmp_path: Path) -> None:
+    f = tmp_path / "my.yaml"
+    f.write_text("trainer:\n  steps: 3\n  trm: {mode: max, delta: 0.05}\n")
+    cfg = load_config("search", config_file=f)
+    assert cfg.trainer.steps == 3 and cfg.trainer.trm.delta == 0.05
+    again = tmp_path / "dump.yaml"
+    again.write_text(dump_config(cfg))
+    assert load_config(config_file=again) == cfg
+
+
+def test_bad_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(config_file="/nonexistent.yaml")
+
+
+def test_parse_override_nesting() -> None:
+    assert parse_override("a.b.c=3") == {"a": {"b": {"c": 3}}}
+    assert parse_override("a=x=y") == {"a": "x=y"}
