@@ -1,0 +1,145 @@
+"""`agentrl eval --env NAME --model PATH_OR_RUN --n N`: success rate with a confidence interval,
+mean turns, tokens and tool calls (design §10). No training; the same rollout engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config, ConfigError, load_config
+from agentrl.types import Trajectory
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% for z=1.96); sane at 0 and n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class EvalResult:
+    n: int
+    successes: int
+    ci_low: float
+    ci_high: float
+    reward_mean: float
+    turns_mean: float
+    tokens_mean: float
+    tool_calls_mean: float
+    errors: int
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.n if self.n else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "success_rate": self.success_rate}
+
+
+def summarize_trajectories(trajs: list[Trajectory]) -> EvalResult:
+    from agentrl.run import is_success
+
+    n = len(trajs)
+    wins = sum(is_success(t) for t in trajs)
+    lo, hi = wilson_interval(wins, n)
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / n if n else 0.0
+
+    return EvalResult(
+        n=n, successes=wins, ci_low=lo, ci_high=hi,
+        reward_mean=mean([t.reward for t in trajs]),
+        turns_mean=mean([t.num_turns for t in trajs]),
+        tokens_mean=mean([t.num_policy_tokens for t in trajs]),
+        tool_calls_mean=mean([sum(turn.tool_calls for s in t.segments for turn in s.turns) for t in trajs]),
+        errors=sum(t.status.value == "error" for t in trajs))
+
+
+def _resolve(model: str | None, env: str, config_file: str | None, overrides: list[str]
+             ) -> tuple[Config, Path | None]:
+    """A model name/path, or a run directory whose latest checkpoint's weights are evaluated."""
+    from agentrl.trainer.checkpoint import latest_checkpoint
+
+    overrides = list(overrides)
+    ckpt = None
+    if model and (Path(model) / "config.yaml").is_file():  # a run directory
+        run_cfg = load_config(config_file=Path(model) / "config.yaml")
+        overrides.insert(0, f"model.name={run_cfg.model.name}")
+        ckpt = latest_checkpoint(Path(model) / "checkpoints")
+        if ckpt is None:
+            raise ConfigError(f"run directory {model} has no checkpoint to evaluate")
+    elif model:
+        overrides.insert(0, f"model.name={model}")
+    cfg = load_config(env=env, config_file=config_file, overrides=overrides)
+    return cfg, ckpt
+
+
+async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
+                   ) -> list[Trajectory]:
+    import agentrl
+    from agentrl.inference import make_engine
+    from agentrl.inference.base import SamplingParams
+    from agentrl.models import load_tokenizer, resolve_model
+    from agentrl.rollout.engine import RolloutEngine
+    from agentrl.sandboxes import make_pool
+
+    engine = make_engine(cfg)
+    if checkpoint is not None:
+        import torch
+
+        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
+        await engine.load_weights(state["model"], int(state["version"]))
+    tokenizer = load_tokenizer(resolve_model(cfg.model.name))
+    pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
+    await pool.start()
+    try:
+        probe = agentrl.make(cfg.env.name, sandbox_pool=pool, **cfg.env.kwargs)
+        tasks = list(probe.tasks(split)) or list(probe.tasks("train"))
+        await probe.aclose()
+        if not tasks:
+            raise ConfigError(f"env '{cfg.env.name}' has no tasks")
+        chosen = [tasks[i % len(tasks)] for i in range(n)]
+        rollout = RolloutEngine(
+            engine, tokenizer,
+            SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                           max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed),
+            concurrency=cfg.rollout.concurrency, trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
+            max_context_tokens=cfg.rollout.max_context_tokens,
+            summarize=cfg.summarize if cfg.summarize.enabled else None)
+        groups = await rollout.run_groups(lambda: agentrl.make(cfg.env.name, sandbox_pool=pool, **cfg.env.kwargs),
+                                          chosen, 1)
+        return [t for g in groups for t in g.trajectories]
+    finally:
+        await pool.close()
+        await engine.close()
+
+
+def main(env: str, model: str | None, n: int, config_file: str | None = None, split: str = "test",
+         overrides: list[str] | None = None) -> int:
+    from agentrl.run import check_env_name
+
+    if n < 1:
+        raise ConfigError(f"--n must be >= 1, got {n}")
+    cfg, ckpt = _resolve(model, env, config_file, list(overrides or []))
+    check_env_name(cfg.env.name)
+    trajs = asyncio.run(evaluate(cfg, n, split, ckpt))
+    res = summarize_trajectories(trajs)
+    print(f"env {cfg.env.name}  model {model or cfg.model.name}  episodes {res.n}")
+    print(f"success rate  {res.success_rate:.3f}  (95% CI {res.ci_low:.3f}–{res.ci_high:.3f}, "
+          f"{res.successes}/{res.n})")
+    print(f"mean reward   {res.reward_mean:.3f}")
+    print(f"mean turns    {res.turns_mean:.2f}")
+    print(f"mean tokens   {res.tokens_mean:.1f}")
+    print(f"mean tool calls {res.tool_calls_mean:.2f}  errors {res.errors}")
+    print(json.dumps(res.to_dict()))
+    return 0

@@ -1,0 +1,351 @@
+"""`agentrl train`: one training run end to end (design §10).
+
+    plan = prepare_run(env="swe", overrides=["trainer.steps=4"])   # validates; starts nothing
+    train(plan)                                                     # run dir, model, pools, loop
+
+A run directory `runs/<env>-<model>-<time>/` holds config.yaml, metrics.jsonl (one line per
+step), trajectories.jsonl (a few per step), checkpoints/, train.log and report/. SIGINT ends the
+current step, saves a checkpoint, closes every sandbox and exits; `--resume RUN_DIR` continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config, ConfigError, dump_config, load_config
+from agentrl.types import Group, Trajectory
+
+log = logging.getLogger("agentrl.run")
+
+
+class StopTraining(Exception):
+    """Raised from the step callback to end the loop after a checkpoint (SIGINT)."""
+
+
+@dataclass
+class RunPlan:
+    config: Config
+    run_dir: Path
+    resume_from: Path | None = None  # a checkpoint file
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "run"
+
+
+def check_env_name(name: str) -> None:
+    """Fail before any work if `name` is neither registered nor an importable module:Class."""
+    import agentrl
+    from agentrl.env import load_entry_point
+
+    if name in agentrl.registry():
+        return
+    if ":" not in name:
+        raise ConfigError(f"unknown env '{name}'; registered: {', '.join(agentrl.list_envs())} "
+                          "(or pass package.module:Class)")
+    try:
+        load_entry_point(name)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"env '{name}' cannot be loaded: {e}") from None
+
+
+def prepare_run(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
+                resume: str | None = None) -> RunPlan:
+    """Resolve and validate everything a run needs; raises ConfigError before any work."""
+    from agentrl.trainer.checkpoint import latest_checkpoint
+
+    overrides = list(overrides or [])
+    if resume:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume {resume}: no config.yaml there; is it an agentrl run directory?")
+        cfg = load_config(config_file=run_dir / "config.yaml", overrides=overrides)
+        if env is not None and env != cfg.env.name:
+            raise ConfigError(f"--env {env} differs from the resumed run's env '{cfg.env.name}'")
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise ConfigError(f"--resume {resume}: no checkpoint in {run_dir / 'checkpoints'}")
+        check_env_name(cfg.env.name)
+        return RunPlan(cfg, run_dir, ckpt)
+    if not env:
+        raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
+    cfg = load_config(env=env, config_file=config_file, overrides=overrides)
+    check_env_name(cfg.env.name)
+    name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
+                                     time.strftime("%Y%m%d-%H%M%S")])
+    return RunPlan(cfg, Path(cfg.run.dir) / name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-step metrics
+# ---------------------------------------------------------------------------------------------
+
+
+def is_success(traj: Trajectory) -> bool:
+    """An env may report "success" among its reward components; otherwise a full outcome."""
+    if "success" in traj.reward_components:
+        return traj.reward_components["success"] >= 1.0
+    return traj.outcome_reward >= 1.0
+
+
+def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, Any]) -> dict[str, Any]:
+    """One metrics.jsonl line: reward, success, turns, tokens, staleness, throughput, sandbox
+    latency and the learner's loss terms."""
+    trajs = [t for g in groups for t in g.trajectories]
+    n = max(1, len(trajs))
+    stale = [t.staleness for t in trajs if t.staleness is not None]
+    gen_s = sum(t.timings.get("generate_s", 0.0) for t in trajs)
+    tokens = sum(t.num_policy_tokens for t in trajs)
+    out: dict[str, Any] = {
+        "step": rec["step"], "version": rec["version"], "backend": rec["backend"],
+        "reward_mean": sum(t.reward for t in trajs) / n,
+        "outcome_mean": sum(t.outcome_reward for t in trajs) / n,
+        "success_rate": sum(is_success(t) for t in trajs) / n,
+        "turns_mean": sum(t.num_turns for t in trajs) / n,
+        "policy_tokens": tokens,
+        "tokens_per_s": tokens / gen_s if gen_s > 0 else None,
+        "status": {s: sum(t.status.value == s for t in trajs) for s in {t.status.value for t in trajs}},
+        "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+        "staleness_max": max(stale, default=0),
+        "staleness_hist": {str(k): stale.count(k) for k in sorted(set(stale))},
+        "sandbox_exec_p50_ms": sandbox.get("exec_p50_ms"),  # the run's pool so far
+        "sandbox_exec_p99_ms": sandbox.get("exec_p99_ms"),
+        "sandbox_failures": sandbox.get("failures"),
+        "trainer_wait_s": rec.get("trainer_wait_s"), "learn_s": rec.get("learn_s"),
+        "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
+        "wall_s": rec.get("time_s"),
+    }
+    for key, value in rec.items():
+        if key.startswith("learner/"):
+            out[key.split("/", 1)[1]] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """A rich progress bar on a TTY unless quiet; plain log lines otherwise."""
+
+    def __init__(self, total: int, start: int, quiet: bool) -> None:
+        import sys
+
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+            self.task = self.bar.add_task("train", total=total, completed=start, info="warming up")
+            self.bar.start()
+        self.quiet = quiet
+
+    def update(self, line: dict[str, Any]) -> None:
+        info = (f"reward {line['reward_mean']:.3f}  success {line['success_rate']:.2f}  "
+                f"v{line['version']}  stale {line['staleness_mean']:.1f}")
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, info=info)
+        elif not self.quiet:
+            print(f"[agentrl] step {line['step']}: {info}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def train(plan: RunPlan) -> int:
+    """Run the plan; returns the process exit code (0 done, 130 interrupted)."""
+    cfg, run_dir = plan.config, plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=run_dir / "train.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return asyncio.run(_train(plan))
+
+
+async def _train(plan: RunPlan) -> int:
+    import agentrl
+    from agentrl.inference import make_engine
+    from agentrl.laminar.loop import run_training_async
+    from agentrl.models import resolve_model
+    from agentrl.sandboxes import make_pool
+    from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from agentrl.trainer.learner import Learner
+
+    cfg, run_dir = plan.config, plan.run_dir
+    ckpt_dir = run_dir / "checkpoints"
+    log.info("run %s: resolving model %s", run_dir, cfg.model.name)
+    model_path = resolve_model(cfg.model.name, None if cfg.model.cache_dir == "~/.cache/agentrl/models"
+                               else cfg.model.cache_dir)
+    learner = Learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
+    start_step = 0
+    if plan.resume_from is not None:
+        extra = load_checkpoint(plan.resume_from, learner)
+        start_step = int(extra.get("step", 0))
+        log.info("resumed from %s at step %d (version %d)", plan.resume_from, start_step, learner.version)
+    remaining = cfg.trainer.steps - start_step
+    if remaining <= 0:
+        print(f"[agentrl] {run_dir} already finished {start_step} of {cfg.trainer.steps} steps; "
+              "raise trainer.steps to continue")
+        return 0
+
+    pool = make_pool(cfg.sandbox, run_id=run_dir.name, name=f"{cfg.env.name}-train")
+    await pool.start()
+    env_kwargs = dict(cfg.env.kwargs)
+    probe = agentrl.make(cfg.env.name, sandbox_pool=pool, **env_kwargs)
+    tasks = list(probe.tasks("train"))
+    await probe.aclose()
+    if not tasks:
+        raise ConfigError(f"env '{cfg.env.name}' has no training tasks")
+
+    def env_factory() -> Any:
+        env = agentrl.make(cfg.env.name, sandbox_pool=pool, **env_kwargs)
+        if cfg.summarize.enabled:
+            from agentrl.envs.summarize import SummarizeEnv
+
+            s = cfg.summarize
+            env = SummarizeEnv(env, working_context=s.working_context, ratio=s.ratio,
+                               max_summaries=s.max_summaries, max_steps=s.max_steps)
+        return env
+
+    engines = [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        if stop.is_set():  # a second Ctrl-C: give up at once
+            os._exit(130)
+        print("\n[agentrl] interrupted: finishing this step, saving a checkpoint", flush=True)
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    progress = _Progress(cfg.trainer.steps, start_step, cfg.run.quiet)
+    writers = _Writers(run_dir, cfg)
+    last_saved = -1
+
+    def checkpoint(step_done: int) -> None:
+        nonlocal last_saved
+        path = save_checkpoint(ckpt_dir, learner, extra={"step": step_done})
+        for old in ckpt_dir.glob("step_*.pt"):  # one checkpoint is enough to resume
+            if old != path:
+                old.unlink(missing_ok=True)
+        last_saved = step_done
+        log.info("checkpoint %s (step %d)", path, step_done)
+
+    def on_step(rec: dict[str, Any]) -> None:
+        step_done = start_step + rec["step"] + 1
+        rec = {**rec, "step": start_step + rec["step"]}
+        groups = rec.pop("groups", [])
+        line = step_metrics(rec, groups, pool.metrics())
+        writers.write(line, [t for g in groups for t in g.trajectories])
+        progress.update(line)
+        if step_done % cfg.trainer.checkpoint_every == 0 or step_done == cfg.trainer.steps or stop.is_set():
+            checkpoint(step_done)
+        if stop.is_set():
+            raise StopTraining
+
+    interrupted = False
+    try:
+        cfg_run = _with_steps(cfg, remaining)
+        summary = await run_training_async(cfg_run, env_factory, tasks, learner, engines, on_step=on_step)
+        (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
+    except StopTraining:
+        interrupted = True
+    finally:
+        progress.close()
+        writers.close()
+        loop.remove_signal_handler(signal.SIGINT)
+        await pool.close()
+        for engine in engines:
+            await engine.close()
+    if interrupted and last_saved < 0 and latest_checkpoint(ckpt_dir) is None:
+        checkpoint(start_step)
+    from agentrl.report import write_report
+
+    report = write_report(run_dir)
+    print(f"[agentrl] run directory: {run_dir}  report: {report / 'index.html'}")
+    return 130 if interrupted else 0
+
+
+def _with_steps(cfg: Config, steps: int) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=steps))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return repr(obj)
+
+
+class _Writers:
+    """metrics.jsonl, trajectories.jsonl and the optional TensorBoard / W&B loggers."""
+
+    def __init__(self, run_dir: Path, cfg: Config) -> None:
+        self.metrics = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - lives for the run
+        self.trajs = open(run_dir / "trajectories.jsonl", "a")  # noqa: SIM115
+        self.per_step = cfg.run.save_trajectories
+        self.tb = self.wandb = None
+        if cfg.run.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:
+                log.warning("run.tensorboard=true but tensorboard is not installed; skipping")
+        if cfg.run.wandb:
+            try:
+                import wandb
+
+                self.wandb = wandb.init(project="agentrl", name=run_dir.name, config=cfg.to_dict(),
+                                        dir=str(run_dir))
+            except ImportError:
+                log.warning("run.wandb=true but wandb is not installed; skipping")
+
+    def write(self, line: dict[str, Any], trajectories: list[Trajectory]) -> None:
+        self.metrics.write(json.dumps(_jsonable(line)) + "\n")
+        self.metrics.flush()
+        for traj in trajectories[: self.per_step]:
+            self.trajs.write(readable_trajectory(traj, line["step"]) + "\n")
+        self.trajs.flush()
+        scalars = {k: v for k, v in line.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, line["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=line["step"])
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.trajs.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def readable_trajectory(traj: Trajectory, step: int) -> str:
+    """A JSON line a person can read: the transcript and the figures, not the token arrays."""
+    return json.dumps({
+        "step": step, "id": traj.id, "task_id": traj.task_id, "status": traj.status.value,
+        "reward": traj.reward, "outcome_reward": traj.outcome_reward,
+        "reward_components": traj.reward_components, "step_rewards": traj.step_rewards,
+        "turns": traj.num_turns, "policy_tokens": traj.num_policy_tokens, "version": traj.version,
+        "staleness": traj.staleness, "error": traj.error, "messages": traj.messages,
+    }, ensure_ascii=False)

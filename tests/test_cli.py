@@ -1,0 +1,67 @@
+"""The `agentrl` command: help, dry runs, and bad input stopping before any work (exit 2)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.cli import main
+from agentrl.evaluate import wilson_interval
+
+AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_commands() -> None:
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ["train", "eval", "envs", "env", "sandbox", "swe", "report"]:
+        assert command in out.stdout
+
+
+def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--env", "code", "--dry-run", "trainer.lr=3e-6", "--backend", "sync"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["env"]["name"] == "code"
+    assert cfg["trainer"]["lr"] == pytest.approx(3e-6)
+    assert cfg["laminar"]["backend"] == "sync"
+
+
+def test_bad_value_exits_2_with_the_key_named() -> None:
+    out = run("train", "--env", "code", "trainer.lr=abc", "--dry-run")
+    assert out.returncode == 2
+    assert "trainer.lr" in out.stderr and "expected float" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "--env", "nosuchenv"], "unknown env 'nosuchenv'"),
+    (["train", "--env", "nosuchmod.x:Env"], "cannot be loaded"),
+    (["train", "--env", "code", "trainer.nosuch=1"], "unknown config key 'trainer.nosuch'"),
+    (["train"], "--env is required"),
+    (["train", "--resume", "/nonexistent-run"], "no config.yaml"),
+])
+def test_bad_input_stops_before_work(args: list[str], message: str, tmp_path: Path) -> None:
+    out = run(*args, f"run.dir={tmp_path}") if args[-1] != "train" and "--resume" not in args else run(*args)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr
+    assert not any(tmp_path.iterdir())  # no run directory was created
+
+
+def test_envs_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["envs"]) == 0
+    listed = capsys.readouterr().out
+    for name in ["code", "search", "swe", "summarize"]:
+        assert name in listed
+
+
+def test_wilson_interval() -> None:
+    lo, hi = wilson_interval(0, 8)
+    assert lo == 0.0 and 0.3 < hi < 0.33  # 0/8 still leaves room up to ~32%
+    lo, hi = wilson_interval(4, 8)
+    assert lo < 0.5 < hi and hi - 0.5 == pytest.approx(0.5 - lo)
+    assert wilson_interval(8, 8)[1] == 1.0
