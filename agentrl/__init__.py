@@ -1,0 +1,35 @@
+"""agentrl: a gym and trainer for RL of LLM agents acting over many turns with tools in sandboxes.
+
+    import agentrl
+    env = agentrl.make("code")                   # or "package.module:Class"
+    agentrl.register("my-env", MyEnv)            # also gymnasium.make("agentrl/my-env-v0")
+
+Importing agentrl registers the built-in envs (with gymnasium too) but loads no model code:
+torch and the envs' own modules are imported only when used.
+"""
+
+from typing import Any
+
+from agentrl.env import Env, EnvError, EpisodeOverError, ToolEnv, list_envs, make, register, registry
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "tool": "agentrl.tools",
+    "Tool": "agentrl.tools",
+    "ToolResult": "agentrl.tools",
+    "check_env": "agentrl.envcheck",
+    "get_parser": "agentrl.parsing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentrl' has no attribute '{name}'")
+
+
+__all__ = ["Env", "EnvError", "EpisodeOverError", "Tool", "ToolEnv", "ToolResult", "check_env", "get_parser",
+           "list_envs", "make", "register", "registry", "tool"]
