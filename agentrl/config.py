@@ -60,10 +60,11 @@ class SamplingConfig:
 class EnvConfig:
     name: str = "code"
     kwargs: dict[str, Any] = field(default_factory=dict)
-    max_turns: int = 4
-    tool_parser: str = "hermes"
-    max_output_chars: int = 2000
-    tool_timeout_s: float = 10.0
+    # None keeps the env class's own setting (ToolEnv attributes of the same names).
+    max_turns: int | None = None
+    tool_parser: str | None = None
+    max_output_chars: int | None = None
+    tool_timeout_s: float | None = None
 
 
 @dataclass
@@ -76,6 +77,8 @@ class SandboxConfig:
     cpus: float = 1.0
     pids: int = 64
     max_output_bytes: int = 1_000_000
+    file_size_mb: int = 512  # RLIMIT_FSIZE / ulimit fsize inside the sandbox
+    read_only_root: bool = True  # docker: False for images whose task files live outside /work (reset recreates)
 
 
 @dataclass
@@ -127,6 +130,9 @@ class TrainerConfig:
     decoupled: bool = True  # AReaL decoupled objective, π_prox recomputed per batch (§8.2)
     tis_cap: float | None = 2.0  # truncated IS on π_old/π_roll (§8.3); None disables
     kl_coef: float = 0.0  # k3 KL to the reference policy
+    gspo_clip_low: float = 3e-4  # GSPO sequence-ratio clip (§8.4), used when loss=gspo
+    gspo_clip_high: float = 4e-4
+    otb_zero_tail: bool = True  # OTB handle_zero_tail (§6.2; True for multi-turn)
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_gen_batches: int = 10
     trm: TRMConfig = field(default_factory=TRMConfig)

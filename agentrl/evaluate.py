@@ -86,11 +86,11 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
 
 async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
                    ) -> list[Trajectory]:
-    import agentrl
     from agentrl.inference import make_engine
     from agentrl.inference.base import SamplingParams
     from agentrl.models import load_tokenizer, resolve_model
     from agentrl.rollout.engine import RolloutEngine
+    from agentrl.run import make_env
     from agentrl.sandboxes import make_pool
 
     engine = make_engine(cfg)
@@ -103,7 +103,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
     pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
     await pool.start()
     try:
-        probe = agentrl.make(cfg.env.name, sandbox_pool=pool, **cfg.env.kwargs)
+        probe = make_env(cfg, pool)
         tasks = list(probe.tasks(split)) or list(probe.tasks("train"))
         await probe.aclose()
         if not tasks:
@@ -114,10 +114,8 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                            max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed),
             concurrency=cfg.rollout.concurrency, trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
-            max_context_tokens=cfg.rollout.max_context_tokens,
-            summarize=cfg.summarize if cfg.summarize.enabled else None)
-        groups = await rollout.run_groups(lambda: agentrl.make(cfg.env.name, sandbox_pool=pool, **cfg.env.kwargs),
-                                          chosen, 1)
+            max_context_tokens=cfg.rollout.max_context_tokens)
+        groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
         return [t for g in groups for t in g.trajectories]
     finally:
         await pool.close()

@@ -85,6 +85,36 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
     return RunPlan(cfg, Path(cfg.run.dir) / name)
 
 
+def make_env(cfg: Config, pool: Any) -> Any:
+    """Build the configured env. A ToolEnv gets the shared sandbox pool and the ToolEnv settings
+    the config sets (None keeps the class's own; env.kwargs win); summarize wraps it in SUPO."""
+    import agentrl
+
+    kwargs: dict[str, Any] = {}
+    if _is_tool_env(cfg.env.name):
+        settings = {"parser": cfg.env.tool_parser, "max_turns": cfg.env.max_turns,
+                    "max_output_chars": cfg.env.max_output_chars, "tool_timeout_s": cfg.env.tool_timeout_s,
+                    "step_reward_alpha": cfg.reward.step_reward_alpha, "sandbox_pool": pool}
+        kwargs = {k: v for k, v in settings.items() if v is not None}
+    env = agentrl.make(cfg.env.name, **{**kwargs, **cfg.env.kwargs})
+    if cfg.summarize.enabled:
+        from agentrl.envs.summarize import SummarizeEnv
+
+        s = cfg.summarize
+        env = SummarizeEnv(env, working_context=s.working_context, ratio=s.ratio,
+                           max_summaries=s.max_summaries, max_steps=s.max_steps)
+    return env
+
+
+def _is_tool_env(name: str) -> bool:
+    import agentrl
+    from agentrl.env import ToolEnv, load_entry_point
+
+    target = agentrl.registry().get(name, name)
+    cls = load_entry_point(target)
+    return isinstance(cls, type) and issubclass(cls, ToolEnv)
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-step metrics
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +205,6 @@ def train(plan: RunPlan) -> int:
 
 
 async def _train(plan: RunPlan) -> int:
-    import agentrl
     from agentrl.inference import make_engine
     from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_model
@@ -202,22 +231,14 @@ async def _train(plan: RunPlan) -> int:
 
     pool = make_pool(cfg.sandbox, run_id=run_dir.name, name=f"{cfg.env.name}-train")
     await pool.start()
-    env_kwargs = dict(cfg.env.kwargs)
-    probe = agentrl.make(cfg.env.name, sandbox_pool=pool, **env_kwargs)
+    probe = make_env(cfg, pool)
     tasks = list(probe.tasks("train"))
     await probe.aclose()
     if not tasks:
         raise ConfigError(f"env '{cfg.env.name}' has no training tasks")
 
     def env_factory() -> Any:
-        env = agentrl.make(cfg.env.name, sandbox_pool=pool, **env_kwargs)
-        if cfg.summarize.enabled:
-            from agentrl.envs.summarize import SummarizeEnv
-
-            s = cfg.summarize
-            env = SummarizeEnv(env, working_context=s.working_context, ratio=s.ratio,
-                               max_summaries=s.max_summaries, max_steps=s.max_steps)
-        return env
+        return make_env(cfg, pool)
 
     engines = [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
     stop = asyncio.Event()
