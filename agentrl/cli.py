@@ -143,7 +143,8 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
         return 0
     if args.sandbox_command == "prune":
         removed = admin.prune(run_id=args.run_id, older_than_s=args.older_than)
-        print(f"removed {removed} container(s)")
+        dirs = admin.prune_local_dirs()
+        print(f"removed {removed} container(s) and {dirs} leftover local sandbox dir(s)")
         return 0
     build_parser().parse_args(["sandbox", "--help"])
     return 2

@@ -1,0 +1,204 @@
+"""The in-sandbox agent: runs commands on request, so an exec costs a fork, not a new sandbox.
+
+Every backend starts one per sandbox (its source is the first line on stdin, see
+agent_sandbox.AGENT_ARGS): inside bubblewrap, as a container's PID 1, or as a plain process. Requests arrive as JSON lines on stdin, answers leave as
+JSON lines on stdout (both carry an `id`; requests are served concurrently, one thread each):
+
+    {"id": 1, "op": "exec", "argv": [...], "cwd": "/work", "env": {...}, "stdin": b64|null,
+     "timeout": 10.0, "cap": 1000000}
+      -> {"id": 1, "stdout": b64, "stderr": b64, "out_omitted": n, "err_omitted": n,
+          "exit_code": 0, "timed_out": false}
+    {"id": 2, "op": "reset", "wipe": ["/work", "/tmp"], "kill_all": true}  -> {"id": 2, "ok": true}
+    {"id": 3, "op": "ping"}  -> {"id": 3, "ok": true}
+
+An exec ends when its command exits, or at its timeout, when its process group is killed; what it
+left in the background keeps running until `reset` but does not hold the exec open. Output past
+`cap` bytes per stream is counted, not kept. `reset` kills every other process in the sandbox's
+pid namespace (`kill_all`; only the process groups it started when there is no namespace) and
+empties the `wipe` dirs. When it is PID 1 it also reaps orphans. Standard library only.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+CHUNK = 65536
+DRAIN_S = 0.05  # after the command exits, how long to keep reading output its children still write
+_write_lock = threading.Lock()
+_ours: set = set()  # pids of the commands we started (their threads reap them)
+_groups: set = set()  # process groups we started, for reset without a pid namespace
+_ours_lock = threading.Lock()
+
+
+def reply(message: dict) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    with _write_lock:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def reap_orphans(*_: object) -> None:
+    """Reap zombies that are not our own commands (orphans re-parented to PID 1)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        with _ours_lock:
+            if pid in _ours:
+                continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and fields[1] == "1":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def run(req: dict) -> dict:
+    stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
+    cap = int(req.get("cap", 1_000_000))
+    try:
+        with _ours_lock:  # hold the lock so the reaper never sees our child before we record it
+            proc = subprocess.Popen(req["argv"], cwd=req.get("cwd") or "/work", env=req.get("env"),
+                                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            _ours.add(proc.pid)
+            _groups.add(proc.pid)  # start_new_session: its pid is its process group
+    except OSError as e:  # no such program, bad cwd, fork refused (pids limit)
+        return {"stdout": "", "stderr": base64.b64encode(f"{e}\n".encode()).decode(), "out_omitted": 0,
+                "err_omitted": 0, "exit_code": 127 if isinstance(e, FileNotFoundError) else 126,
+                "timed_out": False}
+    if stdin is not None:
+        threading.Thread(target=feed, args=(proc, stdin), daemon=True).start()
+    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    omitted = {proc.stdout: 0, proc.stderr: 0}
+    sel = selectors.DefaultSelector()
+    for stream in kept:
+        sel.register(stream, selectors.EVENT_READ)
+    deadline = time.monotonic() + float(req.get("timeout", 10.0))
+    timed_out, exited_at = False, None
+    while sel.get_map():
+        now = time.monotonic()
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > DRAIN_S:
+            break  # only background processes still hold the pipes
+        if exited_at is None and now >= deadline:
+            timed_out = True
+            kill_group(proc.pid)
+            exited_at = now
+        for key, _ in sel.select(timeout=0.02):
+            chunk = os.read(key.fd, CHUNK)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            buf = kept[key.fileobj]
+            room = cap - len(buf)
+            buf += chunk[:max(room, 0)]
+            omitted[key.fileobj] += max(0, len(chunk) - max(room, 0))
+    sel.close()
+    if timed_out:
+        kill_group(proc.pid)
+    code = proc.wait()
+    with _ours_lock:
+        _ours.discard(proc.pid)
+    proc.stdout.close()
+    proc.stderr.close()
+    return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(),
+            "stderr": base64.b64encode(bytes(kept[proc.stderr])).decode(),
+            "out_omitted": omitted[proc.stdout], "err_omitted": omitted[proc.stderr],
+            "exit_code": 128 - code if code < 0 else code, "timed_out": timed_out}
+
+
+def feed(proc: subprocess.Popen, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        proc.stdin.write(data)
+        proc.stdin.close()
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _force(func, path, _exc) -> None:
+    """rmtree error hook: make what sandboxed code locked (e.g. mode 000) removable, then retry."""
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+    with contextlib.suppress(OSError):
+        func(path)
+
+
+def wipe(path: str) -> None:
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            with contextlib.suppress(OSError):
+                os.chmod(full, 0o700)
+            shutil.rmtree(full, onerror=_force)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(full)
+
+
+def reset(wipe_dirs: list, kill_all: bool) -> None:
+    if kill_all:  # inside a pid namespace: every process but PID 1 and this one
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+    else:  # no namespace: only what we started (and did not escape into a new session)
+        with _ours_lock:
+            groups = set(_groups)
+        for pgid in groups:
+            kill_group(pgid)
+    with _ours_lock:
+        _groups.clear()
+    time.sleep(0.01)
+    if os.getpid() == 1:
+        reap_orphans()
+    for path in wipe_dirs:
+        wipe(path)
+
+
+def serve(line: bytes) -> None:
+    req = {}
+    try:
+        req = json.loads(line)
+        op = req.get("op", "exec")
+        if op == "exec":
+            reply({"id": req["id"], **run(req)})
+        elif op == "reset":
+            reset(req.get("wipe", []), bool(req.get("kill_all")))
+            reply({"id": req["id"], "ok": True})
+        else:
+            reply({"id": req["id"], "ok": True})
+    except Exception as e:  # answer, never die: PID 1 dying ends the container
+        reply({"id": req.get("id"), "error": f"{type(e).__name__}: {e}"})
+
+
+def main() -> None:
+    if os.getpid() == 1:
+        signal.signal(signal.SIGCHLD, reap_orphans)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        try:
+            threading.Thread(target=serve, args=(line,), daemon=True).start()
+        except RuntimeError:  # no thread to be had (pids limit full, e.g. a fork bomb): serve inline
+            serve(line)
+    os._exit(0)  # stdin closed: the host is gone
+
+
+if __name__ == "__main__":  # exec'd by the bootstrap in __main__, or run as a script
+    main()

@@ -1,0 +1,163 @@
+"""Docker sandboxes through the Docker SDK (any engine the `docker` package can reach).
+
+One long-lived container per sandbox: `--network none`, memory/CPU/pids limits, a read-only root
+filesystem (by default) with an anonymous volume at /work and a tmpfs at /tmp, no new privileges,
+and labels (`agentrl.run_id`, `agentrl.pool`, `agentrl.created`) so `admin.prune` can find leaked
+containers, also those of crashed runs.
+
+PID 1 is the agent (`agent.py`) on the container's attached stdin/stdout, so an exec is one JSON
+line each way and a fork inside, not a `docker exec` (a runc start per call). As PID 1 it also
+reaps orphans, and its `reset` kills every other process and empties /work and /tmp. SDK calls are
+blocking: they run on worker threads, never on the event loop. The image needs `python3` (any
+Debian/Ubuntu image with it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import socket
+import time
+from typing import Any
+
+from .agent_sandbox import AGENT_ARGS, AgentChannel, AgentSandbox, in_thread
+from .common import WORKDIR, Limits, SandboxError
+
+LABEL_RUN = "agentrl.run_id"
+LABEL_POOL = "agentrl.pool"
+LABEL_CREATED = "agentrl.created"
+LABEL_SANDBOX = "agentrl.sandbox"  # marks every container we start, whatever its run
+DEFAULT_IMAGE = "agentrl-base:bookworm"
+START_TIMEOUT_S = 60.0
+
+_LIVE: dict[str, Any] = {}  # containers started by this process and not yet removed
+
+
+@atexit.register
+def _remove_leftovers() -> None:
+    """Last line of defence at interpreter exit (a crash that skips even this is what prune is for)."""
+    for container in list(_LIVE.values()):
+        with contextlib.suppress(Exception):
+            container.remove(force=True, v=True)
+    _LIVE.clear()
+
+
+@functools.cache
+def docker_client() -> Any:
+    """The shared SDK client (one connection pool for every sandbox in this process)."""
+    try:
+        import docker
+    except ImportError:
+        raise SandboxError("the docker backend needs the Docker SDK: pip install 'agentrl[docker]'") from None
+    try:
+        client = docker.from_env(max_pool_size=64, timeout=120)
+        client.ping()
+    except Exception as e:
+        raise SandboxError(f"no Docker engine answers ({e}); start one, e.g. sudo scripts/docker_up.sh") from e
+    return client
+
+
+class DockerSandbox(AgentSandbox):
+    """A container on a Docker engine. Nothing starts until `start()` or the first call."""
+
+    def __init__(self, image: str = DEFAULT_IMAGE, limits: Limits | None = None, *, run_id: str | None = None,
+                 pool: str = "default", read_only: bool = True, labels: dict[str, str] | None = None,
+                 client: Any = None) -> None:
+        super().__init__(limits, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        self.image = image
+        self.run_id = run_id or "none"
+        self.pool = pool
+        # A writable rootfs (e.g. a SWE image whose repo lives outside /work) cannot be wiped in place,
+        # so reset() recreates the container instead.
+        self.read_only = read_only
+        self.labels = {LABEL_SANDBOX: "1", LABEL_RUN: self.run_id, LABEL_POOL: pool, **(labels or {})}
+        self._client = client
+        self._container: Any = None
+
+    @property
+    def id(self) -> str | None:
+        return None if self._container is None else self._container.id
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = docker_client()
+        return self._client
+
+    def _launch(self) -> AgentChannel:
+        container = self._run_container()
+        _LIVE[container.id] = container
+        self._container = container
+        try:
+            return self._attach(container)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _teardown(self) -> None:
+        import docker
+
+        container, self._container = self._container, None
+        if container is None:
+            return
+        _LIVE.pop(container.id, None)
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True, v=True)
+
+    def _run_container(self) -> Any:
+        import docker
+
+        try:
+            self.client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"docker image {self.image!r} not found; build the base image with "
+                               f"`sudo scripts/docker_up.sh` or a task image with `agentrl sandbox build`") from None
+        lim = self.limits
+        return self.client.containers.run(
+            self.image, ["python3", *AGENT_ARGS], detach=True, stdin_open=True,
+            labels={**self.labels, LABEL_CREATED: str(int(time.time()))},
+            network_mode="none", mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m",
+            nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids, read_only=self.read_only,
+            mounts=[docker.types.Mount(WORKDIR, None, type="volume")],
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={lim.memory_mb}m"}, working_dir=WORKDIR, hostname="sandbox",
+            environment=self.base_env, security_opt=["no-new-privileges"],
+            cap_drop=["NET_RAW", "NET_ADMIN", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"],
+            ulimits=[docker.types.Ulimit(name="fsize", soft=lim.file_size_mb * 2**20, hard=lim.file_size_mb * 2**20),
+                     docker.types.Ulimit(name="core", soft=0, hard=0)])
+
+    def _attach(self, container: Any) -> AgentChannel:
+        from docker.utils.socket import STDOUT, frames_iter
+
+        sock = self.client.api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
+        raw = getattr(sock, "_sock", sock)
+
+        def close() -> None:
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+        chunks = (data for stream, data in frames_iter(sock, tty=False) if stream == STDOUT)
+        channel = AgentChannel(raw.sendall, chunks, close)
+        try:  # the agent may not be listening yet: its answer to this ping says it is
+            channel.request("ping").result(timeout=START_TIMEOUT_S)
+        except Exception as e:
+            channel.close()
+            logs = container.logs(tail=20).decode(errors="replace")
+            raise SandboxError(f"the sandbox agent in {self.image} did not start ({e}); does the image have "
+                               f"python3? container log:\n{logs}") from e
+        return channel
+
+    async def reset(self) -> None:
+        """Back to the image's clean state: kill every process and empty /work and /tmp (read-only
+        rootfs), or recreate the container (writable rootfs)."""
+        if self.read_only or self._closed:
+            await super().reset()
+            return
+        await in_thread(self._close_sync)
+        await self.start()
+
+    def __repr__(self) -> str:
+        short = self.id[:12] if self.id else "not started"
+        return f"DockerSandbox({self.image}, {short})"
