@@ -60,7 +60,10 @@ _DOCKER_SKIP = docker_skip_reason()
 
 
 def require_docker() -> None:
+    """Skip without an engine — but fail in CI (AGENTRL_REQUIRE_DOCKER=1), where one must run."""
     if _DOCKER_SKIP:
+        if os.environ.get("AGENTRL_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"AGENTRL_REQUIRE_DOCKER=1 but {_DOCKER_SKIP}")
         pytest.skip(_DOCKER_SKIP)
 
 
