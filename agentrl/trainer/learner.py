@@ -1,0 +1,312 @@
+"""The learner: owns the policy model and its optimizer; turns groups of trajectories into an
+update (design §8; composition order of algorithms.md §9).
+
+One `step(groups)` is one global batch:
+
+1. rewards: with a `RewardConfig`, each trajectory's scalar `reward` is recomputed here from
+   `outcome_reward` and `step_rewards` (G-RA gate, §3) plus DAPO soft overlong shaping on its
+   policy-token count (§5.2(4)); without one, `trajectory.reward` is used as given;
+2. DAPO dynamic sampling filter (drop zero-variance groups, §5.2(2)) when enabled;
+3. advantages over rollouts (GRPO / Dr.GRPO / RLOO, SUPO broadcast to segments, §4.2);
+4. π_old = π_prox recomputed at the sampling temperature without gradient (§2.4 step 1, §8.2);
+   OTB advantages from the same pass (§6);
+5. TRM sequence mask from log ρ = log π_old − log π_roll, frozen for the batch (§2.4 steps 2–4);
+6. `minibatches` optimizer steps, each over micro-batches with gradient accumulation; the loss
+   divisors are whole-mini-batch counts so accumulation equals one big batch; grad clipping.
+
+Trajectories with status error/aborted are dropped (no reward to trust); overlong ones stay in
+their group's statistics with loss mask 0 (SUPO §4.2).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.config import RewardConfig, TrainerConfig
+from agentrl.trainer.advantages import otb_advantages, supo_advantages
+from agentrl.trainer.batch import TrainBatch, build_batch
+from agentrl.trainer.logprobs import token_logprobs_and_stats
+from agentrl.trainer.losses import (
+    Denominators,
+    aggregate_loss,
+    behaviour_weights,
+    decoupled_ppo_loss,
+    denominators,
+    gspo_token_loss,
+    k3,
+    k3_kl,
+    masked_mean,
+    ppo_clip_loss,
+    reinforce_loss,
+    safe_ratio,
+    trm_sequence_mask,
+)
+from agentrl.trainer.rewards import filter_groups, g_ra, overlong_penalty
+from agentrl.types import Group, Trajectory
+
+
+def _load(model: str | Path | torch.nn.Module, device: str) -> torch.nn.Module:
+    if isinstance(model, torch.nn.Module):
+        return model.float().to(device)
+    from agentrl.models import load_model, resolve_model
+
+    return load_model(resolve_model(str(model)), dtype="float32", device=device)
+
+
+def warmup_constant(warmup_steps: int):
+    """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant."""
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class Learner:
+    """Policy model (HF causal LM, fp32) + AdamW + warm-up/constant LR schedule."""
+
+    def __init__(self, model: str | Path | torch.nn.Module, cfg: TrainerConfig, temperature: float = 1.0,
+                 reward_cfg: RewardConfig | None = None, device: str = "cpu") -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if cfg.minibatches < 1 or cfg.micro_batch_size < 1:
+            raise ValueError(f"trainer.minibatches and trainer.micro_batch_size must be >= 1, got "
+                             f"{cfg.minibatches} and {cfg.micro_batch_size}")
+        self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
+        self.model = _load(model, device)
+        self.model.train()
+        # A frozen copy of the initial policy, only when the k3 KL penalty needs it (§8.1).
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(cfg.warmup_steps))
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # mini-batch shuffling
+        self.version = 0  # global batches trained = weight version pushed to engines
+        self.global_step = 0  # optimizer steps
+
+    # ------------------------------------------------------------------ rewards / advantages
+
+    def trajectory_reward(self, traj: Trajectory) -> float:
+        """§9 step 2: outcome + step rewards through the G-RA gate, then overlong shaping."""
+        assert self.reward_cfg is not None
+        reward = g_ra(traj.outcome_reward, traj.step_rewards, self.reward_cfg.gate)
+        ov = self.cfg.overlong
+        if ov.enabled:
+            reward += overlong_penalty(traj.num_policy_tokens, ov.max_len, ov.cache_len, ov.penalty_factor)
+        return reward
+
+    def _prepare(self, groups: list[Group]) -> tuple[TrainBatch, dict[str, float]]:
+        metrics: dict[str, float] = {}
+        trainable = [Group(g.id, g.task_id, [t for t in g.trajectories if t.status.trainable]) for g in groups]
+        metrics["dropped_error_trajectories"] = float(sum(len(g.trajectories) for g in groups)
+                                                      - sum(len(g.trajectories) for g in trainable))
+        if self.reward_cfg is not None:
+            for g in trainable:
+                for t in g.trajectories:
+                    t.reward = self.trajectory_reward(t)
+        kept = [g for g in trainable if g.trajectories]
+        if self.cfg.dynamic_sampling:
+            kept = filter_groups(kept, lambda g: g.rewards)
+        metrics["dropped_zero_variance_groups"] = float(len([g for g in trainable if g.trajectories]) - len(kept))
+        trajs = [t for g in kept for t in g.trajectories]
+        gidx = torch.tensor([i for i, g in enumerate(kept) for _ in g.trajectories], dtype=torch.long)
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float)
+        if self.cfg.advantage == "otb" or not trajs:  # OTB needs π_old first (step 4)
+            adv = torch.zeros(len(trajs))
+        else:
+            overlong = torch.tensor([t.overlong for t in trajs], dtype=torch.bool)
+            adv = supo_advantages(rewards, gidx, overlong, estimator=self.cfg.advantage)
+        if trajs:
+            metrics.update(reward_mean=rewards.mean().item(), reward_std=rewards.std().item() if len(trajs) > 1 else 0.0,
+                           outcome_reward_mean=sum(t.outcome_reward for t in trajs) / len(trajs))
+        return build_batch(trajs, adv, gidx), metrics
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _micro_slices(self, n: int) -> list[slice]:
+        m = self.cfg.micro_batch_size
+        return [slice(i, min(i + m, n)) for i in range(0, n, m)]
+
+    @staticmethod
+    def _trim(batch: TrainBatch) -> TrainBatch:
+        """Drop all-padding columns on the right (rows are right-padded)."""
+        width = max(int(batch.attention_mask.sum(-1).max()), 2)
+        return TrainBatch(**{k: (v[:, :width] if v.dim() == 2 else v) for k, v in vars(batch).items()})
+
+    @torch.no_grad()
+    def _recompute(self, model: torch.nn.Module, batch: TrainBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """(log π, entropy, Σπ²) for every row, micro-batched, no gradient."""
+        shape = batch.input_ids.shape
+        out = [torch.zeros(shape) for _ in range(3)]
+        was_training = model.training
+        model.eval()
+        for sl in self._micro_slices(shape[0]):
+            mb = self._trim(batch.select(sl))
+            stats = token_logprobs_and_stats(model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
+                                             self.temperature)
+            w = mb.input_ids.shape[1]
+            for o, x in zip(out, (stats.logprobs, stats.entropy, stats.sum_pi_sq)):
+                o[sl, :w] = x.cpu()
+        model.train(was_training)
+        return out[0], out[1], out[2]
+
+    # ------------------------------------------------------------------ loss
+
+    def _token_loss(self, logp: Tensor, old: Tensor, behav: Tensor, adv: Tensor, mask: Tensor
+                    ) -> tuple[Tensor, Tensor]:
+        """Per-token loss and clipped mask for the configured objective (§2.4 5, §8.2–8.4)."""
+        cfg = self.cfg
+        prox = old if cfg.decoupled else behav  # bypass mode: π_old := π_roll, no IS weight (§8.3)
+        if cfg.loss == "ppo":
+            if cfg.decoupled:
+                return decoupled_ppo_loss(logp, prox, behav, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip,
+                                          cfg.tis_cap)
+            return ppo_clip_loss(safe_ratio(logp - prox), adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+        if cfg.loss == "gspo":
+            loss, clipped = gspo_token_loss(logp, prox, adv, mask, cfg.gspo_clip_low, cfg.gspo_clip_high)
+            if cfg.decoupled:
+                loss = behaviour_weights(prox, behav, cfg.tis_cap) * loss
+            return loss, clipped
+        if cfg.loss == "reinforce":
+            return reinforce_loss(logp, behav, adv, cfg.tis_cap), torch.zeros_like(logp)
+        raise ValueError(f"unknown trainer.loss {cfg.loss!r}; choose ppo, gspo or reinforce")
+
+    @staticmethod
+    def _ppl_gap(old: Tensor, behav: Tensor, mask: Tensor) -> float:
+        """Log-Abs-PPL gap Δ_PPL = mean_i |mean_t log π_old − mean_t log π_roll| (TRM, §2.4)."""
+        rows = mask.sum(-1) > 0
+        n = mask.sum(-1).clamp(min=1)
+        gap = (((old - behav) * mask).sum(-1) / n).abs()
+        return gap[rows].mean().item() if rows.any() else 0.0
+
+    def _loss_scale(self, norm_mask: Tensor) -> float:
+        """Dr.GRPO divisor for one mini-batch: (1/#seqs) Σ_i (1/L) Σ_t ℓ, with the constant L =
+        trainer.loss_scale_factor, else the batch's padded length (§8.1)."""
+        length = self.cfg.loss_scale_factor or float(norm_mask.shape[-1])
+        return max(float((norm_mask.sum(-1) > 0).sum()), 1.0) * length
+
+    # ------------------------------------------------------------------ one global batch
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """Train on one global batch of whole groups; returns metrics. Increments `version`
+        unless nothing in the batch was trainable (then the weights are unchanged)."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        batch, metrics = self._prepare(groups)
+        metrics.update(version=float(self.version), lr=self.scheduler.get_last_lr()[0])
+        if len(batch) == 0:
+            return {**metrics, "skipped": 1.0, "num_rows": 0.0}
+
+        # π_old / π_prox at the sampling temperature, frozen for every mini-batch (§2.4, §8.2).
+        old, old_entropy, sum_pi_sq = self._recompute(self.model, batch)
+        mask = batch.loss_mask
+        log_rho = (old - batch.behaviour_logprobs) * mask
+        if cfg.advantage == "otb":
+            is_w = (behaviour_weights(old, batch.behaviour_logprobs, cfg.tis_cap)
+                    if cfg.decoupled and cfg.tis_cap is not None else None)
+            batch.advantages, _ = otb_advantages(batch.token_rewards, mask, batch.group_index, old, sum_pi_sq,
+                                                 is_weights=is_w, zero_tail=cfg.otb_zero_tail)
+        ref = self._recompute(self.ref_model, batch)[0] if self.ref_model is not None else None
+
+        # TRM (§2.3), sample-based on the sampled token's log ρ: only log-probs are stored.
+        accept = trm_sequence_mask(mask, cfg.trm.mode, cfg.trm.delta, cfg.trm.delta_avg, log_ratio=log_rho)
+        train_mask = mask * accept.unsqueeze(-1).float()
+        norm_mask = mask if cfg.trm.normalize == "total" else train_mask
+        has_tokens = mask.sum(-1) > 0
+        metrics.update(
+            trm_masked_fraction=1.0 - accept[has_tokens].float().mean().item(),
+            kl_k3_old_roll=masked_mean(k3(log_rho), mask).item(),
+            mean_abs_log_rho=masked_mean(log_rho.abs(), mask).item(),
+            max_abs_log_rho=log_rho.abs().max().item(),
+            log_abs_ppl_gap=self._ppl_gap(old, batch.behaviour_logprobs, mask),
+            entropy_old=masked_mean(old_entropy, mask).item(),
+            adv_mean=masked_mean(batch.advantages, mask).item(),
+            adv_abs_mean=masked_mean(batch.advantages.abs(), mask).item(),
+            adv_min=batch.advantages[mask.bool()].min().item(), adv_max=batch.advantages[mask.bool()].max().item(),
+            num_rows=float(len(batch)), num_tokens=float(batch.num_tokens), num_policy_tokens=mask.sum().item())
+
+        # Mini-batches: a seeded shuffle of rows, then optimizer steps with accumulation.
+        order = torch.randperm(len(batch), generator=self.generator)
+        sums = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0, grad_norm=0.0)
+        n_updates = 0
+        for rows in order.tensor_split(min(cfg.minibatches, len(batch))):
+            mb = batch.select(rows)
+            mb_old, mb_norm, mb_train = old[rows], norm_mask[rows], train_mask[rows]
+            mb_ref = ref[rows] if ref is not None else None
+            denom = denominators(mb_norm, cfg.loss_agg, self._loss_scale(mb_norm))
+            stats = self._minibatch(mb, mb_old, mb_train, mb_norm, mb_ref, denom)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            if not torch.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()} at step {self.global_step}")
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            n_updates += 1
+            for k, v in stats.items():
+                sums[k] += v
+            sums["grad_norm"] += grad_norm.item()
+        n_train = max(train_mask.sum().item(), 1.0)
+        self.version += 1
+        elapsed = time.perf_counter() - t0
+        metrics.update(loss=sums["loss"] / n_updates, pg_loss=sums["pg_loss"] / n_updates,
+                       kl_ref=sums["kl_loss"] / n_updates, clip_fraction=sums["clipped"] / n_train,
+                       entropy=sums["entropy"] / n_train, grad_norm=sums["grad_norm"] / n_updates,
+                       optimizer_steps=float(n_updates), step_seconds=elapsed,
+                       tokens_per_s=batch.num_tokens / elapsed)
+        metrics["version"] = float(self.version)
+        return metrics
+
+    def _minibatch(self, mb: TrainBatch, old: Tensor, train_mask: Tensor, norm_mask: Tensor,
+                   ref: Tensor | None, denom: Denominators) -> dict[str, float]:
+        """Forward/backward over the micro-batches of one mini-batch; gradients accumulate."""
+        cfg = self.cfg
+        out = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0)
+        for sl in self._micro_slices(len(mb)):
+            micro = self._trim(mb.select(sl))
+            w = micro.input_ids.shape[1]
+            m_train, m_norm, m_old = train_mask[sl, :w], norm_mask[sl, :w], old[sl, :w]
+            if m_train.sum() == 0 and cfg.kl_coef == 0:
+                continue  # contributes exactly nothing; skip the forward
+            stats = token_logprobs_and_stats(self.model, micro.input_ids.to(self.device),
+                                             micro.attention_mask.to(self.device), self.temperature)
+            logp = stats.logprobs.cpu() if self.device != "cpu" else stats.logprobs
+            per_tok, clipped = self._token_loss(logp, m_old, micro.behaviour_logprobs, micro.advantages, m_train)
+            pg = aggregate_loss(per_tok, m_train, cfg.loss_agg, m_norm, denom)
+            loss = pg
+            if ref is not None:
+                kl = aggregate_loss(k3_kl(logp, ref[sl, :w]), m_train, cfg.loss_agg, m_norm, denom)
+                loss = loss + cfg.kl_coef * kl
+                out["kl_loss"] += kl.item()
+            loss.backward()
+            out["loss"] += loss.item()
+            out["pg_loss"] += pg.item()
+            out["clipped"] += (clipped * m_train).sum().item()
+            out["entropy"] += (stats.entropy.cpu() * m_train).sum().item()
+        return out
+
+    # ------------------------------------------------------------------ weights and state
+
+    def state_dict_for_inference(self) -> dict[str, Tensor]:
+        """Detached CPU copies of the weights under their HF names (what engines' load_weights take)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (checkpoint.py adds global RNG states)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
+                "version": self.version, "global_step": self.global_step}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        missing = {"model", "optimizer", "scheduler", "generator", "version", "global_step"} - set(state)
+        if missing:
+            raise KeyError(f"training state lacks {sorted(missing)}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self.version, self.global_step = int(state["version"]), int(state["global_step"])
+

@@ -1,0 +1,166 @@
+"""The learner on a tiny real Llama: accumulation equivalence, TRM zero gradient, every config
+option runs, learning direction, weights for engines."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from agentrl.config import RewardConfig, TrainerConfig, load_config
+from agentrl.trainer.learner import Learner
+from agentrl.trainer.logprobs import token_logprobs
+from agentrl.types import Group, Status
+
+from .conftest import VOCAB, tiny_llama
+from .helpers import random_groups, segment, trajectory
+
+
+def set_behaviour_logprobs(model, groups: list[Group], temperature: float = 1.0) -> None:
+    """Fill behaviour log-probs with the model's own (an on-policy batch, ρ = 1)."""
+    for g in groups:
+        for t in g.trajectories:
+            for seg in t.segments:
+                with torch.no_grad():
+                    lp = token_logprobs(model, torch.tensor([seg.token_ids]), temperature=temperature)[0]
+                seg.logprobs = [float(x) if m else 0.0 for x, m in zip(lp, seg.loss_mask)]
+
+
+def params(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def run_step(cfg: TrainerConfig, groups, seed: int = 0, **kw) -> tuple[Learner, dict]:
+    learner = Learner(tiny_llama(seed), cfg, **kw)
+    return learner, learner.step(copy.deepcopy(groups))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                 "seq-mean-token-sum-norm"])
+def test_micro_batching_equals_one_big_batch(agg):
+    groups = random_groups(2, 4, VOCAB)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    base = dict(lr=1e-3, loss_agg=agg, minibatches=1)
+    start = params(tiny_llama(0))
+    a, ma = run_step(TrainerConfig(micro_batch_size=8, **base), groups)
+    b, mb = run_step(TrainerConfig(micro_batch_size=1, **base), groups)
+    assert ma["grad_norm"] == pytest.approx(mb["grad_norm"], rel=1e-5)
+    assert ma["loss"] == pytest.approx(mb["loss"], abs=1e-6)
+    # Adam's first step is ~lr·sign(g): compare the updates relative to their size
+    da, db = params(a.model) - start, params(b.model) - start
+    assert (da - db).abs().max() < 1e-2 * da.abs().max()
+    assert a.version == 1 and a.global_step == 1
+
+
+def test_trm_rejected_sequence_contributes_zero_gradient():
+    groups = random_groups(2, 4, VOCAB)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    victim = groups[0].trajectories[1].segments[0]
+    victim.logprobs = [lp - 0.5 * m for lp, m in zip(victim.logprobs, victim.loss_mask)]  # log ρ = 0.5 > √0.2
+    other = copy.deepcopy(groups)
+    seg = other[0].trajectories[1].segments[0]
+    seg.token_ids = [t if m == 0 else (t + 7) % VOCAB for t, m in zip(seg.token_ids, seg.loss_mask)]
+    cfg = TrainerConfig(lr=1e-3, trm=load_config(overrides=["trainer.trm.mode=max"]).trainer.trm)
+    a, ma = run_step(cfg, groups)
+    b, mb = run_step(cfg, other)
+    assert mb["trm_masked_fraction"] == pytest.approx(1 / 8)
+    assert ma["trm_masked_fraction"] == pytest.approx(1 / 8)
+    assert (params(a.model) - params(b.model)).abs().max() == 0  # the rejected tokens changed nothing
+    c, _ = run_step(TrainerConfig(lr=1e-3), other)  # TRM off: the changed tokens do matter
+    assert (params(a.model) - params(c.model)).abs().max() > 0
+
+
+OPTIONS = [
+    [], ["trainer.loss=gspo"], ["trainer.loss=reinforce"], ["trainer.advantage=otb"],
+    ["trainer.advantage=rloo", "trainer.dual_clip=3.0"], ["trainer.advantage=drgrpo",
+     "trainer.loss_agg=seq-mean-token-sum-norm", "trainer.loss_scale_factor=64"],
+    ["trainer.decoupled=false"], ["trainer.tis_cap=null"], ["trainer.kl_coef=0.1"],
+    ["trainer.trm.mode=both", "trainer.trm.delta=0.05", "trainer.trm.normalize=accepted"],
+    ["trainer.minibatches=3", "trainer.micro_batch_size=2", "trainer.warmup_steps=4"],
+    ["trainer.dynamic_sampling=true", "trainer.overlong.enabled=true", "trainer.overlong.max_len=6",
+     "trainer.overlong.cache_len=2", "reward.gate=0.5"],
+]
+
+
+@pytest.mark.parametrize("overrides", OPTIONS, ids=lambda o: ",".join(o) or "defaults")
+def test_every_option_from_dotted_overrides_runs(overrides):
+    cfg = load_config(overrides=overrides)
+    groups = random_groups(3, 4, VOCAB, seed=1)
+    groups.append(Group("flat", "flat", [trajectory(f"f{j}", "flat", 1.0, [segment([1, 2], [3, 4])])
+                                         for j in range(4)]))
+    set_behaviour_logprobs(tiny_llama(), groups)  # on-policy: TRM accepts everything
+    learner = Learner(tiny_llama(), cfg.trainer, reward_cfg=cfg.reward)
+    before = params(learner.model)
+    m = learner.step(groups)
+    for key in ("loss", "pg_loss", "clip_fraction", "trm_masked_fraction", "kl_k3_old_roll", "mean_abs_log_rho",
+                "entropy", "grad_norm", "tokens_per_s", "adv_mean", "lr", "reward_mean"):
+        assert math.isfinite(m[key]), key
+    assert m["optimizer_steps"] == cfg.trainer.minibatches and learner.version == 1
+    assert m["trm_masked_fraction"] == 0 and m["mean_abs_log_rho"] < 1e-5
+    assert (params(learner.model) - before).abs().max() > 0
+    if cfg.trainer.dynamic_sampling:
+        assert m["dropped_zero_variance_groups"] == 1
+
+
+def test_rewards_gated_here_and_error_trajectories_dropped():
+    groups = random_groups(1, 4, VOCAB)
+    for t, (outcome, steps) in zip(groups[0].trajectories, [(-0.5, [0.1] * 3), (0.0, [0.1] * 2), (1.0, [0.1]),
+                                                            (-1.0, [0.1] * 30)]):
+        t.outcome_reward, t.step_rewards = outcome, steps
+    groups[0].trajectories.append(trajectory("e", "g0", 5.0, [segment([1], [2, 3])], status=Status.ERROR))
+    learner = Learner(tiny_llama(), TrainerConfig(), reward_cfg=RewardConfig(gate=0.0))
+    m = learner.step(groups)
+    assert [t.reward for t in groups[0].trajectories[:4]] == pytest.approx([-0.5, 0.2, 1.1, -1.0])
+    assert m["reward_mean"] == pytest.approx((-0.5 + 0.2 + 1.1 - 1.0) / 4)
+    assert m["dropped_error_trajectories"] == 1
+
+
+def test_all_masked_batch_is_skipped_without_version_bump():
+    groups = random_groups(1, 2, VOCAB)
+    for t in groups[0].trajectories:
+        t.status = Status.ABORTED
+    learner = Learner(tiny_llama(), TrainerConfig())
+    assert learner.step(groups)["skipped"] == 1 and learner.version == 0
+
+
+def test_updates_move_probability_towards_positive_advantage():
+    """A fixed on-policy batch: sequences with reward 1 gain log-prob, reward 0 ones lose it."""
+    groups = random_groups(2, 4, VOCAB, seed=3)
+    model = tiny_llama(0)
+    set_behaviour_logprobs(model, groups)
+    learner = Learner(model, TrainerConfig(lr=3e-3, minibatches=2))
+
+    def seq_logp(t) -> float:
+        seg = t.segments[0]
+        with torch.no_grad():
+            lp = token_logprobs(learner.model, torch.tensor([seg.token_ids]))[0]
+        return float((lp * torch.tensor(seg.loss_mask)).sum())
+
+    trajs = [t for g in groups for t in g.trajectories]
+    before = [seq_logp(t) for t in trajs]
+    for _ in range(3):
+        learner.step(groups)
+    delta = [seq_logp(t) - b for t, b in zip(trajs, before)]
+    up = [d for d, t in zip(delta, trajs) if t.reward == 1.0]
+    down = [d for d, t in zip(delta, trajs) if t.reward == 0.0]
+    assert min(up) > 0 and max(down) < 0, (up, down)
+    assert learner.version == 3 and learner.global_step == 6
+
+
+def test_state_dict_for_inference_is_a_detached_copy():
+    learner = Learner(tiny_llama(), TrainerConfig())
+    sd = learner.state_dict_for_inference()
+    assert set(sd) == set(learner.model.state_dict())
+    name = "model.embed_tokens.weight"
+    sd[name].add_(1.0)
+    assert not torch.equal(sd[name], learner.model.state_dict()[name])
+    assert all(not v.requires_grad for v in sd.values())
+
+
+def test_bad_arguments_named():
+    with pytest.raises(ValueError, match="temperature"):
+        Learner(tiny_llama(), TrainerConfig(), temperature=0)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        Learner(tiny_llama(), TrainerConfig(micro_batch_size=0))
