@@ -1,0 +1,233 @@
+"""The trainer loop of the Laminar backend, and the `sync` / `global-async` baselines.
+
+Laminar (arXiv 2510.12633) §3.2 steps ①–⑧; algorithms.md §1.2, §1.5. One code path:
+
+- `laminar`: the prompt pool is open; workers pull new weights whenever they run empty; the
+  trainer samples whole groups → `learner.step` → pushes to the master relay → goes on at once.
+- `global-async` (one-step-off, stop-the-world update): batch k+1 is released, generated with
+  the current weights while the trainer trains on batch k; after the push every worker must
+  drain and load the new weights before anything else is released (a global barrier).
+- `sync` (verl-like): release a batch, wait for it, train, update every engine, repeat.
+
+    summary = run_training(cfg, env_factory, tasks, learner, engines, on_step=print)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.inference.base import InferenceEngine, SamplingParams
+from agentrl.laminar.buffer import ExperienceBuffer
+from agentrl.laminar.manager import RolloutManager
+from agentrl.laminar.partial import PartialResponsePool
+from agentrl.laminar.prompts import PromptPool
+from agentrl.laminar.relay import Relay, RelayChain
+from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Runtime, gather_alive
+from agentrl.laminar.worker import RolloutWorker
+from agentrl.types import Group, Task
+
+StepCallback = Callable[[dict[str, Any]], Any]
+
+
+@dataclass
+class LaminarSystem:
+    """Every component, as handles (`await h.method(...)`), plus the runtime that made them."""
+
+    runtime: Runtime
+    buffer: Any
+    prompts: Any
+    partial: Any
+    chain: RelayChain
+    workers: dict[str, Any]
+    manager: Any
+    backend: str
+    started: float = field(default_factory=time.perf_counter)
+
+
+async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task],
+                       engines: list[InferenceEngine] | list[Callable[[], InferenceEngine]],
+                       runtime: Runtime | None = None, *, hop_delay_s: float = 0.0,
+                       shuffle_prompts: bool = True) -> LaminarSystem:
+    """Spawn buffer, prompt pool, partial-response pool, relay chain, workers and manager.
+
+    One worker per entry of `engines` (engine objects locally; zero-argument factories on Ray,
+    where each actor builds its own engine). Worker i fetches from relay i mod num_relays.
+    """
+    rt = runtime or LocalRuntime()
+    lam, G = cfg.laminar, cfg.rollout.group_size
+    if not engines:
+        raise ValueError("run_training needs at least one inference engine (one per rollout worker)")
+    if rt.kind == "ray" and any(hasattr(e, "generate") for e in engines):
+        raise ValueError("on the Ray runtime pass engine factories (each actor builds its own engine)")
+    buffer = rt.spawn(ExperienceBuffer, G, capacity=lam.buffer_capacity, max_staleness=lam.max_staleness,
+                      seed=cfg.run.seed, name="buffer")
+    prompts = rt.spawn(PromptPool, list(tasks), G, seed=cfg.run.seed, shuffle=shuffle_prompts, name="prompts")
+    partial = rt.spawn(PartialResponsePool, name="partial")
+    n_relays = max(1, min(lam.num_relays, len(engines)))
+    relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
+                       name=f"relay{i}") for i in range(n_relays)]
+    chain = RelayChain(relays)
+    await chain.build()
+
+    per_worker = max(1, cfg.rollout.concurrency // G)
+    if lam.backend != "laminar":  # spread each released batch over the workers
+        per_worker = min(per_worker, math.ceil(cfg.trainer.batch_groups / len(engines)))
+    sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                              max_tokens=cfg.sampling.max_tokens)
+    rollout_kwargs = {"concurrency": cfg.rollout.concurrency,
+                      "trajectory_timeout_s": cfg.rollout.trajectory_timeout_s,
+                      "max_context_tokens": cfg.rollout.max_context_tokens}
+    workers = {}
+    for i, engine in enumerate(engines):
+        name = f"worker{i}"
+        workers[name] = rt.spawn(
+            RolloutWorker, name, engine, env_factory, relay=relays[i % n_relays], prompts=prompts,
+            buffer=buffer, partial=partial, sampling=sampling, rollout_kwargs=rollout_kwargs,
+            groups_per_batch=per_worker, kv_capacity_tokens=cfg.rollout.concurrency * cfg.rollout.max_context_tokens,
+            fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name)
+    await asyncio.gather(*(w.start() for w in workers.values()))
+    manager = rt.spawn(RolloutManager, workers, buffer=buffer, prompts=prompts, partial=partial,
+                       max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
+                       heartbeat_s=lam.heartbeat_s, name="manager")
+    await manager.start()
+    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, lam.backend)
+
+
+async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
+    """Stop the world: wait until every live worker runs `version`; returns the seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        alive = (await system.manager.get_stats())["alive"]
+        loads, _ = await gather_alive({n: system.workers[n].load() for n in alive})
+        if all(load.version >= version and not load.pulling for load in loads.values()):
+            return time.perf_counter() - t0
+        await asyncio.sleep(poll_s)
+
+
+def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
+    return learner.step(groups)
+
+
+async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
+                on_step: StepCallback | None = None) -> dict[str, Any]:
+    """Run `steps` global-batch updates; returns the run summary (see `summarize`)."""
+    backend = system.backend
+    if backend not in ("laminar", "sync", "global-async"):
+        raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
+    v = learner.version
+    await system.chain.push(learner.state_dict_for_inference(), v)  # relays start from v0
+    await system.buffer.set_version(v)
+    await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
+    records: list[dict[str, Any]] = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        groups = await system.buffer.sample(batch_groups)
+        wait_s = time.perf_counter() - t0
+        if backend == "global-async":  # generation of the next batch overlaps this update
+            await system.prompts.allow(batch_groups, min_version=v)
+        t1 = time.perf_counter()
+        metrics = await asyncio.to_thread(_learn, learner, groups)
+        learn_s = time.perf_counter() - t1
+        updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
+        v = learner.version
+        t2 = time.perf_counter()
+        weights = learner.state_dict_for_inference() if updated else {}
+        t3 = time.perf_counter()
+        push_copy_s = await system.chain.push(weights, v) if updated else 0.0
+        pushed_at = time.perf_counter()
+        stall_s = pushed_at - t3  # what the trainer waits for weights: the copy only
+        await system.buffer.set_version(v)
+        sync_s = 0.0
+        if backend != "laminar" and updated:
+            sync_s = await barrier(system, v)
+            if backend == "sync":
+                await system.prompts.allow(batch_groups, min_version=v)
+        await system.manager.trigger()
+        trajs = [t for g in groups for t in g.trajectories]
+        stale = [t.staleness for t in trajs if t.staleness is not None]
+        rec = {"step": step, "version": v, "backend": backend, "trainer_wait_s": wait_s,
+               "learn_s": learn_s, "push_stall_s": stall_s, "push_copy_s": push_copy_s,
+               "pushed_at": pushed_at, "state_dict_s": t3 - t2,
+               "weight_sync_s": sync_s, "groups": len(groups), "trajectories": len(trajs),
+               "group_versions": [g.version for g in groups],
+               "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+               "staleness_max": max(stale, default=0),
+               "reward_mean": sum(t.reward for t in trajs) / max(1, len(trajs)),
+               "time_s": time.perf_counter() - system.started,
+               **{f"learner/{k}": val for k, val in metrics.items()}}
+        records.append(rec)
+        if on_step is not None:  # the callback also sees the groups themselves (not kept in records)
+            out = on_step({**rec, "batch": groups})
+            if asyncio.iscoroutine(out):
+                await out
+    return await summarize(system, records)
+
+
+async def summarize(system: LaminarSystem, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trainer idle, rollout idle, staleness histogram, repack moves, weight pull latency."""
+    wall = time.perf_counter() - system.started
+    worker_stats, dead = await gather_alive({n: w.get_stats() for n, w in system.workers.items()})
+    relay_stats = {}
+    for r in system.chain.relays:
+        with contextlib.suppress(ActorDied):
+            relay_stats[r.name] = await r.get_stats()
+    buf = await system.buffer.stats()
+    mgr = await system.manager.get_stats()
+    pulls = [s for w in worker_stats.values() for _, s in w["pulls"]]
+    trained = sum(r["trajectories"] for r in records)
+    hist: Counter[int] = Counter()
+    for k, val in buf["staleness_hist"].items():
+        hist[int(k)] += val
+    return {
+        "backend": system.backend, "runtime": system.runtime.kind, "steps": len(records),
+        "final_version": records[-1]["version"] if records else None, "wall_s": wall,
+        "trajectories_trained": trained, "trajectories_per_s": trained / wall if wall else 0.0,
+        "trainer_idle_s": sum(r["trainer_wait_s"] + r["weight_sync_s"] for r in records),
+        "train_s": sum(r["learn_s"] for r in records),
+        "push_stall_s": [r["push_stall_s"] for r in records],
+        "broadcast_s": {n: s["broadcast_s"] for n, s in relay_stats.items()},
+        "rollout_idle_s": {n: w["idle_s"] for n, w in worker_stats.items()},
+        "weight_pull_s": pulls, "staleness_hist": dict(sorted(hist.items())),
+        "repack_moves": mgr["repack_moves"], "repack_rounds": mgr["repack_rounds"], "moves": mgr["moves"],
+        "dead_workers": mgr["dead"] + [d for d in dead if d not in mgr["dead"]],
+        "restarted": mgr["restarted"], "regenerated_groups": mgr["regenerated_groups"],
+        "buffer": {k: v for k, v in buf.items() if k != "staleness_hist"},
+        "workers": worker_stats, "records": records,
+    }
+
+
+async def shutdown(system: LaminarSystem) -> None:
+    await system.manager.stop()
+    for w in system.workers.values():
+        with contextlib.suppress(ActorDied):
+            await w.stop()
+    await system.runtime.shutdown()
+
+
+async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,
+                             engines: list[Any], on_step: StepCallback | None = None,
+                             runtime: Runtime | None = None) -> dict[str, Any]:
+    if runtime is None and cfg.laminar.ray_address is not None:  # e.g. "auto" on a cluster
+        runtime = RayRuntime(address=cfg.laminar.ray_address, num_cpus=None)
+    system = await build_system(cfg, env_factory, tasks, engines, runtime)
+    try:
+        return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step)
+    finally:
+        await shutdown(system)
+
+
+def run_training(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,
+                 engines: list[Any], on_step: StepCallback | None = None,
+                 runtime: Runtime | None = None) -> dict[str, Any]:
+    """Train with `cfg.laminar.backend` ('laminar', 'sync' or 'global-async'); `on_step`
+    receives each step's metrics dict. Returns the run summary. Runtime: `runtime`, else Ray
+    actors when `cfg.laminar.ray_address` is set (engines must then be factories), else local."""
+    return asyncio.run(run_training_async(cfg, env_factory, tasks, learner, engines, on_step, runtime))

@@ -1,0 +1,118 @@
+"""Prompt pool: hands out whole prompt groups (Laminar §3.1 data module; algorithms.md §1.3).
+
+All G samples of a task form one group and go to one worker. A *quota* lets the baselines
+(`sync`, `global-async`) release exactly one batch at a time and require a minimum weight
+version of the worker that takes it; Laminar leaves the quota open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentrl.types import Task
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One prompt group to generate: G trajectories `{group_id}/{i}` of one task."""
+
+    group_id: str
+    task: Task
+    size: int
+
+    @property
+    def traj_ids(self) -> list[str]:
+        return [f"{self.group_id}/{i}" for i in range(self.size)]
+
+
+class PromptPool:
+    """Cycles over the tasks (reshuffled every epoch); regenerated groups go first."""
+
+    def __init__(self, tasks: list[Task], group_size: int, seed: int = 0, shuffle: bool = True) -> None:
+        if not tasks:
+            raise ValueError("the prompt pool needs at least one task")
+        for t in tasks:
+            if not isinstance(t, dict) or "id" not in t:
+                raise ValueError(f"every task must be a dict with an 'id' key, got {t!r:.80}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.tasks = list(tasks)
+        self.group_size = group_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self._order: list[int] = []
+        self._epoch = -1
+        self._pos = 0
+        self._counter = 0
+        self._retry: list[GroupSpec] = []
+        self.quota: int | None = None  # groups that may still be handed out; None = unlimited
+        self.min_version = -1
+        self._changed = asyncio.Event()
+        self.handed_out = 0
+
+    def _next_task(self) -> Task:
+        if self._pos >= len(self._order):
+            self._epoch += 1
+            self._order = list(range(len(self.tasks)))
+            if self.shuffle:
+                random.Random(self.seed * 100003 + self._epoch).shuffle(self._order)
+            self._pos = 0
+        task = self.tasks[self._order[self._pos]]
+        self._pos += 1
+        return task
+
+    async def take(self, n: int, worker_version: int) -> list[GroupSpec]:
+        """Up to `n` groups for a worker holding `worker_version` (none if it is too old or
+        the quota is spent)."""
+        if worker_version < self.min_version:
+            return []
+        if self.quota is not None:
+            n = min(n, self.quota)
+        out = []
+        while len(out) < n:
+            if self._retry:
+                out.append(self._retry.pop(0))
+                continue
+            task = self._next_task()
+            out.append(GroupSpec(f"{task['id']}#{self._counter}", task, self.group_size))
+            self._counter += 1
+        if self.quota is not None:
+            self.quota -= len(out)
+        self.handed_out += len(out)
+        return out
+
+    async def requeue(self, spec: GroupSpec) -> GroupSpec:
+        """A group lost in a fault is regenerated whole, under a fresh id (its old id is closed)."""
+        again = GroupSpec(f"{spec.group_id}~r{self._counter}", spec.task, spec.size)
+        self._counter += 1
+        self._retry.append(again)
+        if self.quota is not None:
+            self.quota += 1
+        self._changed.set()
+        return again
+
+    async def allow(self, n_groups: int | None, min_version: int = -1) -> None:
+        """Baselines: release `n_groups` more groups (None: unlimited) for workers at
+        `min_version` or newer."""
+        self.quota = None if n_groups is None else (self.quota or 0) + n_groups
+        self.min_version = min_version
+        self._changed.set()
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Idle workers park here instead of polling hard."""
+        self._changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    async def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self._epoch, "pos": self._pos, "order": self._order, "counter": self._counter,
+                "retry": [asdict(s) for s in self._retry], "handed_out": self.handed_out}
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._epoch, self._pos, self._order = state["epoch"], state["pos"], list(state["order"])
+        self._counter, self.handed_out = state["counter"], state["handed_out"]
+        self._retry = [GroupSpec(**s) for s in state["retry"]]

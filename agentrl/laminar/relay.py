@@ -1,0 +1,369 @@
+"""Relay tier: versioned weights in host memory, passed along a chain in chunks.
+
+Laminar (arXiv 2510.12633) §3.1–3.2 and App. D; algorithms.md §1.2. The trainer pushes to the
+master relay and goes on at once (its stall is the copy into the master's buffer); the master
+streams the bytes down a chain of relays chunk by chunk, each relay forwarding a chunk as soon
+as it has stored it (pipelining); rollout workers fetch from their own relay. When a relay dies
+its predecessor sees the failed call at once, skips it and resends to the next survivor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from agentrl.laminar.runtime import ActorDied
+
+FetchPolicy = Literal["wait_inflight", "local"]
+
+# ---------------------------------------------------------------------------------------------
+# Latency model (App. D, algorithms.md §1.2): p nodes in a chain, M bytes in k chunks.
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_chain(p: int, m: float, t_byte: float, t_start: float) -> None:
+    if p < 2:
+        raise ValueError(f"a chain needs p >= 2 nodes (master plus relays), got {p}")
+    if m <= 0 or t_byte < 0 or t_start <= 0:
+        raise ValueError(f"need M > 0, T_byte >= 0, T_start > 0; got {m}, {t_byte}, {t_start}")
+
+
+def broadcast_time(p: int, k: int, m: float, t_byte: float, t_start: float) -> float:
+    """T(p,k) = (p+k−2)·(M/k·T_byte + T_start): the last chunk leaves the master after k hops
+    and needs p−2 more to reach the tail (Laminar App. D; algorithms.md §1.2)."""
+    _check_chain(p, m, t_byte, t_start)
+    if k < 1:
+        raise ValueError(f"chunk count k must be >= 1, got {k}")
+    return (p + k - 2) * (m / k * t_byte + t_start)
+
+
+def optimal_chunks(p: int, m: float, t_byte: float, t_start: float) -> float:
+    """k* = sqrt((p−2)·M·T_byte / T_start), the minimiser of T(p,k) over real k (§1.2)."""
+    _check_chain(p, m, t_byte, t_start)
+    return math.sqrt((p - 2) * m * t_byte / t_start)
+
+
+def optimal_broadcast_time(p: int, m: float, t_byte: float, t_start: float) -> float:
+    """T*(p) = M·T_byte + (p−2)·T_start + 2·sqrt((p−2)·M·T_byte·T_start) (§1.2)."""
+    _check_chain(p, m, t_byte, t_start)
+    return m * t_byte + (p - 2) * t_start + 2 * math.sqrt((p - 2) * m * t_byte * t_start)
+
+
+def best_chunk_count(p: int, m: float, t_byte: float, t_start: float) -> int:
+    """The integer k >= 1 next to k* with the smallest T(p,k)."""
+    k = optimal_chunks(p, m, t_byte, t_start)
+    options = {max(1, math.floor(k)), max(1, math.ceil(k))}
+    return min(options, key=lambda c: broadcast_time(p, c, m, t_byte, t_start))
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights as one flat byte buffer, so chunks are byte ranges and a relay copy is one memcpy.
+# ---------------------------------------------------------------------------------------------
+
+_ALIGN = 64  # every tensor starts on a 64-byte boundary so dtype views are legal
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # e.g. "float32"
+    shape: tuple[int, ...]
+    offset: int  # bytes into the flat buffer
+    nbytes: int
+
+
+def layout(state_dict: dict[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], int]:
+    """Where each tensor lives in the flat buffer, and the buffer's size in bytes."""
+    specs, offset = [], 0
+    for name, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state_dict[{name!r}] is {type(t).__name__}, expected a torch.Tensor")
+        nbytes = t.numel() * t.element_size()
+        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    return tuple(specs), offset
+
+
+def flatten_into(state_dict: dict[str, torch.Tensor], specs: tuple[TensorSpec, ...],
+                 flat: torch.Tensor) -> None:
+    """Copy every tensor into its byte range of `flat` (the real copy of a push)."""
+    for s in specs:
+        src = state_dict[s.name].detach().reshape(-1).contiguous()
+        flat[s.offset:s.offset + s.nbytes].copy_(src.view(torch.uint8))
+
+
+def unflatten(specs: tuple[TensorSpec, ...], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Views into `flat` (no copy): the engine's load_weights copies them into its model."""
+    return {s.name: flat[s.offset:s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)
+            for s in specs}
+
+
+@dataclass
+class WeightSnapshot:
+    """One complete version of the weights, as held by a relay."""
+
+    version: int
+    specs: tuple[TensorSpec, ...]
+    flat: torch.Tensor
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return unflatten(self.specs, self.flat)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel()
+
+
+def checksum(flat: torch.Tensor) -> str:
+    return hashlib.sha1(memoryview(flat.numpy())).hexdigest()
+
+
+@dataclass
+class _Incoming:
+    """A version being received: its buffer and which chunks have landed."""
+
+    version: int
+    specs: tuple[TensorSpec, ...]
+    flat: torch.Tensor
+    n_chunks: int
+    chunk_bytes: int
+    have: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.perf_counter)
+
+
+# ---------------------------------------------------------------------------------------------
+# The relay
+# ---------------------------------------------------------------------------------------------
+
+
+class Relay:
+    """Holds the latest complete weights and forwards new ones down the chain.
+
+    Methods are async so the same class runs as a local object or as an async Ray actor;
+    `downstream` handles are other relays (`await handle.receive_chunk(...)`).
+    """
+
+    def __init__(self, relay_id: str, chunk_bytes: int = 16 * 1024 * 1024,
+                 hop_delay_s: float = 0.0) -> None:
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+        self.id = relay_id
+        self.chunk_bytes = chunk_bytes
+        self.hop_delay_s = hop_delay_s  # simulated per-chunk start-up cost T_start (tests, benches)
+        self._complete: WeightSnapshot | None = None
+        self._incoming: dict[int, _Incoming] = {}
+        self._announced = -1
+        self._done = asyncio.Condition()
+        self._downstream: list[Any] = []  # handles, successor first
+        self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        self._forwarder: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
+                                      "failovers": 0}
+
+    # -- topology ------------------------------------------------------------------------------
+
+    async def set_downstream(self, downstream: list[Any]) -> None:
+        """The relays after this one, successor first. A new successor that lags gets our
+        latest complete version resent (chain repair)."""
+        old = self._downstream[0].name if self._downstream else None
+        self._downstream = list(downstream)
+        self._ensure_forwarder()
+        if self._downstream and self._downstream[0].name != old and self._complete is not None:
+            self._enqueue_all(self._complete.version, self._n_chunks(self._complete.nbytes))
+
+    async def ping(self) -> str:
+        return self.id
+
+    # -- the master's side ---------------------------------------------------------------------
+
+    async def push(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+        """Copy the weights into a fresh host buffer, start the broadcast, return the copy's
+        seconds (the trainer's whole stall, §1.2 ⑤)."""
+        if self._complete is not None and version <= self._complete.version:
+            raise ValueError(f"relay {self.id}: pushed version {version} is not newer than "
+                             f"{self._complete.version}")
+        t0 = time.perf_counter()
+        specs, size = layout(state_dict)
+        flat = torch.empty(size, dtype=torch.uint8)
+        await asyncio.to_thread(flatten_into, state_dict, specs, flat)
+        copy_s = time.perf_counter() - t0
+        n = self._n_chunks(size)
+        self._incoming[version] = _Incoming(version, specs, flat, n, self.chunk_bytes, set(range(n)))
+        self._announced = max(self._announced, version)
+        await self._finish(version)
+        # a tiny message to every relay so their waiting workers know v is on its way
+        self._tasks.add(asyncio.ensure_future(asyncio.gather(
+            *(self._quiet(h.announce(version)) for h in self._downstream))))
+        self._enqueue_all(version, n)
+        return copy_s
+
+    async def _quiet(self, call: Any) -> None:
+        with contextlib.suppress(ActorDied):
+            await call
+
+    # -- the receiving side --------------------------------------------------------------------
+
+    async def announce(self, version: int) -> None:
+        self._announced = max(self._announced, version)
+
+    async def receive_chunk(self, version: int, index: int, n_chunks: int,
+                            specs: tuple[TensorSpec, ...], total: int, data: np.ndarray) -> None:
+        """Store one chunk and queue it for the successor; duplicates (after a repair) are
+        ignored, older versions than the complete one are dropped."""
+        if self._complete is not None and version <= self._complete.version:
+            return
+        inc = self._incoming.get(version)
+        if inc is None:
+            inc = self._incoming[version] = _Incoming(
+                version, specs, torch.empty(total, dtype=torch.uint8), n_chunks, self.chunk_bytes)
+            self._announced = max(self._announced, version)
+        if index in inc.have:
+            return
+        start = index * inc.chunk_bytes
+        np.copyto(inc.flat.numpy()[start:start + data.size], data)  # the relay's own copy
+        inc.have.add(index)
+        self._queue.put_nowait((version, index))
+        self._ensure_forwarder()
+        if len(inc.have) == inc.n_chunks:
+            await self._finish(version)
+
+    async def _finish(self, version: int) -> None:
+        inc = self._incoming.pop(version)
+        for v in [v for v in self._incoming if v < version]:  # superseded partial versions
+            del self._incoming[v]
+        if self._complete is None or version > self._complete.version:
+            self._complete = WeightSnapshot(version, inc.specs, inc.flat)
+            self.stats["received_versions"].append(version)
+            self.stats["broadcast_s"][version] = time.perf_counter() - inc.started
+            self.stats["completed_at"][version] = time.perf_counter()
+        async with self._done:
+            self._done.notify_all()
+
+    # -- forwarding ----------------------------------------------------------------------------
+
+    def _n_chunks(self, size: int) -> int:
+        return max(1, -(-size // self.chunk_bytes))
+
+    def _enqueue_all(self, version: int, n: int) -> None:
+        for i in range(n):
+            self._queue.put_nowait((version, i))
+        self._ensure_forwarder()
+
+    def _ensure_forwarder(self) -> None:
+        if self._forwarder is None or self._forwarder.done():
+            self._forwarder = asyncio.ensure_future(self._forward_loop())
+
+    def _source(self, version: int) -> tuple[torch.Tensor, tuple[TensorSpec, ...], int] | None:
+        if self._complete is not None and self._complete.version == version:
+            return self._complete.flat, self._complete.specs, self._n_chunks(self._complete.nbytes)
+        inc = self._incoming.get(version)
+        return (inc.flat, inc.specs, inc.n_chunks) if inc is not None else None
+
+    async def _forward_loop(self) -> None:
+        while True:
+            version, index = await self._queue.get()
+            if not self._downstream:
+                continue
+            src = self._source(version)
+            if src is None:  # superseded by a newer version
+                continue
+            flat, specs, n = src
+            # numpy, not a torch view: a pickled torch view would ship its whole storage (Ray)
+            data = flat.numpy()[index * self.chunk_bytes:(index + 1) * self.chunk_bytes]
+            if self.hop_delay_s:
+                await asyncio.sleep(self.hop_delay_s)
+            succ = self._downstream[0]
+            try:
+                await succ.receive_chunk(version, index, n, specs, flat.numel(), data)
+            except ActorDied:
+                # O(1) repair: skip the dead successor and resend what it may not have passed on
+                self._downstream.pop(0)
+                self.stats["failovers"] += 1
+                for i in range(index + 1) if self._downstream else ():
+                    self._queue.put_nowait((version, i))
+
+    # -- rollout side --------------------------------------------------------------------------
+
+    async def latest_version(self) -> int:
+        return self._complete.version if self._complete is not None else -1
+
+    async def fetch_latest(self, have_version: int = -1, policy: FetchPolicy = "wait_inflight",
+                           timeout_s: float = 60.0) -> WeightSnapshot | None:
+        """The newest complete weights if newer than `have_version`, else None (§1.2 ⑦).
+
+        `wait_inflight`: if a newer version was announced but has not fully arrived here,
+        wait for it (up to `timeout_s`, then fall back to the local copy). `local`: never wait.
+        """
+        if policy not in ("wait_inflight", "local"):
+            raise ValueError(f"unknown fetch policy {policy!r}; expected 'wait_inflight' or 'local'")
+        if policy == "wait_inflight":
+            async def arrived() -> None:
+                async with self._done:
+                    await self._done.wait_for(
+                        lambda: self._complete is not None and self._complete.version >= self._announced)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(arrived(), timeout_s)
+        snap = self._complete
+        if snap is None or snap.version <= have_version:
+            return None
+        return snap
+
+    async def checksum(self) -> tuple[int, str]:
+        if self._complete is None:
+            return -1, ""
+        return self._complete.version, await asyncio.to_thread(checksum, self._complete.flat)
+
+    async def get_stats(self) -> dict[str, Any]:
+        return dict(self.stats, version=await self.latest_version(), announced=self._announced)
+
+    async def stop(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.cancel()
+
+
+class RelayChain:
+    """The topology the manager owns: master first, then the chain; rebuilt on failures."""
+
+    def __init__(self, relays: list[Any]) -> None:
+        if not relays:
+            raise ValueError("a relay chain needs at least one relay")
+        self.relays = list(relays)
+
+    @property
+    def master(self) -> Any:
+        return self.relays[0]
+
+    async def build(self) -> None:
+        for i, r in enumerate(self.relays):
+            await r.set_downstream(self.relays[i + 1:])
+
+    async def push(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+        """Push to the master; if it is dead, elect the next relay as master and retry."""
+        while self.relays:
+            try:
+                return await self.master.push(state_dict, version)
+            except ActorDied:
+                await self.remove(self.master.name)
+        raise ActorDied("every relay is dead")
+
+    async def remove(self, name: str) -> None:
+        """Drop a dead relay and rewire the survivors (O(1) per relay)."""
+        self.relays = [r for r in self.relays if r.name != name]
+        alive = []
+        for r in self.relays:
+            try:
+                await r.ping()
+                alive.append(r)
+            except ActorDied:
+                pass
+        self.relays = alive
+        await self.build()

@@ -1,0 +1,129 @@
+"""Test pieces for the Laminar pipeline: a long-tailed env, a fast fake engine and learner.
+
+The fakes follow the real signatures (InferenceEngine, Learner); the real-component tests in
+test_integration.py run the same pipeline with HFEngine and the real Learner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import torch
+
+from agentrl.config import Config, load_config
+from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.types import Group, Message, StepResult
+
+
+class SleepyEnv:
+    """A multi-turn env with injected long tails: task["turns"] steps, each tool call sleeping
+    task["tool_s"] seconds. Reward: 1 if the first action is longer than 3 characters."""
+
+    name = "sleepy"
+
+    def __init__(self) -> None:
+        self.task: dict[str, Any] = {}
+        self.turn = 0
+        self.first = ""
+
+    async def areset(self, task: dict[str, Any]) -> list[Message]:
+        self.task, self.turn = task, 0
+        return [Message(role="system", content="You are terse."),
+                Message(role="user", content=f"Say something about {task['id']}.")]
+
+    async def astep(self, action: str) -> StepResult:
+        self.turn += 1
+        if self.turn == 1:
+            self.first = action
+        await asyncio.sleep(self.task.get("tool_s", 0.0))
+        done = self.turn >= self.task.get("turns", 1)
+        reward = 1.0 if len(self.first) > 3 else 0.0
+        return StepResult(observation=[] if done else [Message(role="user", content=f"ok {self.turn}")],
+                          terminated=done, info={"outcome_reward": reward} if done else {})
+
+
+def make_env() -> SleepyEnv:
+    return SleepyEnv()
+
+
+def tail_tasks(n_pairs: int = 2, long_turns: int = 8, tool_s: float = 0.15) -> list[dict]:
+    """s0, L0, s1, L1, ...: with two groups per worker batch (unshuffled), every worker gets
+    one short group and one long-tailed group."""
+    out = []
+    for i in range(n_pairs):
+        out += [{"id": f"s{i}", "turns": 1, "tool_s": 0.0}, {"id": f"L{i}", "turns": long_turns, "tool_s": tool_s}]
+    return out
+
+
+class FakeEngine:
+    """InferenceEngine with the real tokenizer: samples a few random word tokens per call."""
+
+    def __init__(self, tokenizer: Any, delay_s: float = 0.002, seed: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.eos_ids = (tokenizer.eos_token_id,)
+        self.delay_s = delay_s
+        self.rng = random.Random(seed)
+        self.loaded: list[tuple[int, float]] = []  # (version, value of the probe weight)
+        self.closed = False
+        self.words = tokenizer.encode(" alpha beta gamma delta epsilon zeta eta theta", add_special_tokens=False)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+        await asyncio.sleep(self.delay_s)
+        n = self.rng.randint(1, sampling.max_tokens)
+        ids = [self.rng.choice(self.words) for _ in range(n)]
+        return GenerateOutput(ids, [-1.0] * n, "length", self.version)
+
+    async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.loaded.append((version, float(state_dict["probe"].flatten()[0])))
+        self.version = version
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeLearner:
+    """Learner-shaped: step() bumps the version; the probe weight equals the version."""
+
+    def __init__(self, train_s: float = 0.05) -> None:
+        self.version = 0
+        self.train_s = train_s
+        self.seen: list[list[Group]] = []
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        import time
+
+        time.sleep(self.train_s)
+        self.seen.append(groups)
+        self.version += 1
+        return {"loss": 0.0, "version": float(self.version)}
+
+    def state_dict_for_inference(self) -> dict[str, torch.Tensor]:
+        return {"probe": torch.full((4, 4), float(self.version)), "bias": torch.arange(8.0)}
+
+
+def small_config(backend: str = "laminar", **over: Any) -> Config:
+    overrides = [
+        f"laminar.backend={backend}", "laminar.num_relays=2", "laminar.repack_interval_s=0.2",
+        "laminar.heartbeat_s=0.05", "rollout.group_size=2", "rollout.concurrency=4",
+        "sampling.max_tokens=4", "trainer.batch_groups=2", "trainer.steps=4",
+        "rollout.max_context_tokens=1024",
+    ] + [f"{k}={v}" for k, v in over.items()]
+    return load_config(overrides=overrides)
+
+
+def check_single_version(groups: list[Group]) -> None:
+    for g in groups:
+        assert g.version is not None
+        for t in g.trajectories:
+            assert t.version == g.version, (t.id, t.policy_versions)
+            assert t.policy_versions == {g.version}
+
+
+def fake_engine(seed: int = 0) -> FakeEngine:
+    """A FakeEngine built where it runs (a Ray actor builds its own)."""
+    from agentrl.models import load_tokenizer, resolve_model
+
+    return FakeEngine(load_tokenizer(resolve_model("smollm2-135m")), seed=seed)

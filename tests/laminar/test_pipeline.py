@@ -1,0 +1,141 @@
+"""The Laminar pipeline on the local runtime with the real RolloutEngine, a fast fake inference
+engine and a fake learner (logic tests; test_integration.py uses the real model and learner)."""
+
+import asyncio
+
+import pytest
+
+from agentrl.laminar.loop import build_system, shutdown, train
+from agentrl.laminar.runtime import LocalRuntime
+from agentrl.models import load_tokenizer, resolve_model
+from agentrl.types import Status
+
+from .helpers import FakeEngine, FakeLearner, check_single_version, make_env, small_config, tail_tasks
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(resolve_model("smollm2-135m"))
+
+
+async def _system(tokenizer, backend="laminar", tasks=None, n_workers=2, **cfg_over):
+    cfg = small_config(backend, **cfg_over)
+    engines = [FakeEngine(tokenizer, seed=i) for i in range(n_workers)]
+    rt = LocalRuntime()
+    system = await build_system(cfg, make_env, tasks or tail_tasks(), engines, rt, shuffle_prompts=False)
+    return cfg, system, engines, rt
+
+
+def _form(t):
+    return (t.status, len(t.segments), t.num_turns, sorted(t.timings), t.version is not None,
+            [seg.check() for seg in t.segments])
+
+
+async def test_laminar_versions_advance_single_version_and_repack(tokenizer):
+    # worker0 takes s0,L0 and worker1 s1,L1: both drain into one long tail each
+    _cfg, system, engines, _ = await _system(tokenizer, tasks=tail_tasks(2, long_turns=10, tool_s=0.1))
+    learner = FakeLearner(train_s=0.3)
+    try:
+        summary = await train(system, learner, steps=5, batch_groups=2)
+    finally:
+        await shutdown(system)
+    assert summary["final_version"] == 5
+    groups = [g for batch in learner.seen for g in batch]
+    check_single_version(groups)
+    assert all(len(g.trajectories) == 2 for g in groups)
+    # every engine only ever loaded weights that match their version tag (probe == version)
+    for e in engines:
+        assert all(v == probe for v, probe in e.loaded)
+        assert [v for v, _ in e.loaded] == sorted(v for v, _ in e.loaded)
+    # the trainer never waited for the broadcast: its stall is the push copy
+    assert max(summary["push_stall_s"]) < 0.5
+    # repack moved the long tail of one worker onto the other
+    assert summary["repack_moves"] >= 1, summary["moves"]
+    moved_ids = {t for m in summary["moves"] for t in m["trajectories"]}
+    trained = {t.id: t for g in groups for t in g.trajectories}
+    moved = [trained[i] for i in moved_ids if i in trained]
+    unmoved_long = [t for t in trained.values() if t.task_id.startswith("L") and t.id not in moved_ids]
+    assert moved and unmoved_long
+    for t in moved:
+        assert t.status == Status.FINISHED and t.num_turns == 10
+        assert _form(t) == _form(unmoved_long[0])
+    assert max(summary["staleness_hist"]) >= 1  # the tail finished after updates
+
+
+async def test_fault_worker_killed_mid_run(tokenizer):
+    _cfg, system, _engines, rt = await _system(tokenizer, tasks=tail_tasks(2, long_turns=12, tool_s=0.1))
+    learner = FakeLearner(train_s=0.3)
+    killed = {}
+
+    async def kill_busy_worker(rec):
+        if killed:
+            return
+        for name, w in system.workers.items():
+            if (await w.load()).n_reqs > 0:
+                killed["name"] = name
+                killed["lost"] = [e.traj_id for e in await system.partial.of_worker(name)]
+                await rt.kill(w)
+                return
+
+    try:
+        summary = await asyncio.wait_for(train(system, learner, steps=8, batch_groups=2,
+                                               on_step=kill_busy_worker), 60)
+    finally:
+        await shutdown(system)
+    assert killed and killed["lost"]
+    assert summary["dead_workers"] == [killed["name"]]
+    assert summary["final_version"] == 8
+    assert summary["restarted"] + summary["regenerated_groups"] >= 1
+    groups = [g for batch in learner.seen for g in batch]
+    check_single_version(groups)
+    assert all(len(g.trajectories) == 2 for g in groups)  # no group consumed half
+    ids = [t.id for g in groups for t in g.trajectories]
+    assert len(ids) == len(set(ids))
+    buf = summary["buffer"]
+    # counts add up: every written trajectory was consumed, is waiting, or was dropped/evicted
+    assert buf["trajectories_written"] == (buf["trajectories_consumed"] + buf.get("trajectories_dropped", 0)
+                                           + buf.get("trajectories_evicted", 0) + buf["ready_trajectories"]
+                                           + buf["pending_trajectories"])
+    # the lost trajectories were regenerated: restarted ones were consumed under the same id
+    # or their group was regenerated whole under a fresh id
+    regenerated = {g.id.split("~r")[0] for g in groups if "~r" in g.id}
+    for lost in killed["lost"]:
+        assert lost in ids or lost.rsplit("/", 1)[0] in regenerated, (lost, ids)
+    survivor = next(s for n, s in summary["workers"].items() if n != killed["name"])
+    assert survivor["restarted"] == summary["restarted"]
+
+
+@pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
+async def test_baselines(tokenizer, backend, max_stale):
+    _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05))
+    learner = FakeLearner()
+    try:
+        summary = await asyncio.wait_for(train(system, learner, steps=4, batch_groups=2), 60)
+    finally:
+        await shutdown(system)
+    assert summary["final_version"] == 4
+    groups = [g for batch in learner.seen for g in batch]
+    check_single_version(groups)
+    consumed = [t.consumed_version - t.version for g in groups for t in g.trajectories]
+    assert max(consumed) == max_stale
+    assert summary["repack_moves"] == 0 or backend == "laminar"
+    # stop the world: after each update every engine runs the new version before new work
+    for e in engines:
+        assert [v for v, _ in e.loaded] == list(range(1, len(e.loaded) + 1))
+
+
+def test_run_training_entry_point(tokenizer):
+    from agentrl.laminar import run_training
+
+    cfg = small_config("laminar", **{"trainer.steps": 2})
+    steps = []
+    summary = run_training(cfg, make_env, tail_tasks(2, long_turns=2, tool_s=0.01),
+                           FakeLearner(train_s=0.01), [FakeEngine(tokenizer, seed=i) for i in range(2)],
+                           on_step=steps.append)
+    assert [r["step"] for r in steps] == [0, 1] and summary["final_version"] == 2
+    assert summary["trajectories_trained"] == 2 * 2 * 2
+    assert set(summary) >= {"trainer_idle_s", "rollout_idle_s", "staleness_hist", "repack_moves",
+                            "weight_pull_s", "push_stall_s"}
+    import json
+
+    json.dumps({k: v for k, v in summary.items() if k != "workers"})  # the CLI can log it

@@ -1,0 +1,154 @@
+"""Relay tier: latency model (§1.8 test 1), chained broadcast, chain rebuild (§1.8 test 5)."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from agentrl.laminar.relay import (
+    Relay,
+    RelayChain,
+    best_chunk_count,
+    broadcast_time,
+    checksum,
+    layout,
+    optimal_broadcast_time,
+    optimal_chunks,
+    unflatten,
+)
+from agentrl.laminar.runtime import LocalRuntime
+
+
+def test_latency_model_worked_example():
+    assert optimal_chunks(4, 1200, 1, 6) == pytest.approx(20)
+    assert broadcast_time(4, 20, 1200, 1, 6) == pytest.approx(1452)
+    assert optimal_broadcast_time(4, 1200, 1, 6) == pytest.approx(1452)
+    assert broadcast_time(4, 10, 1200, 1, 6) == pytest.approx(1512)
+    assert best_chunk_count(4, 1200, 1, 6) == 20
+
+
+def test_latency_model_bad_input():
+    with pytest.raises(ValueError, match="p >= 2"):
+        broadcast_time(1, 4, 100, 1, 1)
+    with pytest.raises(ValueError, match="k must be"):
+        broadcast_time(4, 0, 100, 1, 1)
+    assert best_chunk_count(2, 100, 1, 1) == 1  # two nodes: one chunk is best
+
+
+def _weights(n: int = 5, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"w{i}": torch.randn(17 + i, 3, generator=g) for i in range(n)} | {
+        "b16": torch.randn(7, generator=g).to(torch.bfloat16), "steps": torch.arange(5)}
+
+
+def test_flat_layout_roundtrip():
+    sd = _weights()
+    specs, size = layout(sd)
+    flat = torch.empty(size, dtype=torch.uint8)
+    from agentrl.laminar.relay import flatten_into
+    flatten_into(sd, specs, flat)
+    back = unflatten(specs, flat)
+    assert set(back) == set(sd)
+    for k in sd:
+        assert back[k].dtype == sd[k].dtype and torch.equal(back[k], sd[k])
+
+
+async def _chain(names, chunk_bytes=256, hop_delay_s=0.0):
+    rt = LocalRuntime()
+    relays = [rt.spawn(Relay, n, chunk_bytes=chunk_bytes, hop_delay_s=hop_delay_s, name=n) for n in names]
+    chain = RelayChain(relays)
+    await chain.build()
+    return rt, chain, relays
+
+
+async def _wait_version(relays, version, timeout=5.0):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        vs = [await r.latest_version() for r in relays]
+        if all(v >= version for v in vs):
+            return time.perf_counter() - t0
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"versions {vs} never reached {version}")
+
+
+async def test_push_returns_before_the_broadcast_and_all_relays_match():
+    rt, chain, relays = await _chain(["m", "a", "b", "c"], hop_delay_s=0.002)
+    sd = _weights()
+    copy_s = await chain.push(sd, 1)
+    assert copy_s >= 0
+    # the push returned while the tail relay still lacks the weights: the trainer did not wait
+    assert await relays[-1].latest_version() == -1
+    await _wait_version(relays, 1)
+    sums = {await r.checksum() for r in relays}
+    assert len(sums) == 1 and next(iter(sums))[0] == 1
+    snap = await relays[2].fetch_latest(have_version=0, policy="local")
+    assert torch.equal(snap.state_dict()["w3"], sd["w3"])
+    assert await relays[2].fetch_latest(have_version=1, policy="local") is None
+    await rt.shutdown()
+
+
+async def test_chain_is_pipelined():
+    """p=4 nodes, k chunks, per-hop start-up cost t: T(p,k)=(p+k-2)·t (model, T_byte≈0)
+    against (p-1)·k·t for store-and-forward."""
+    t, k = 0.02, 8
+    sd = {"x": torch.zeros(k * 64, dtype=torch.uint8)}
+    rt, chain, relays = await _chain(["m", "a", "b", "c"], chunk_bytes=64, hop_delay_s=t)
+    await chain.push(sd, 1)
+    took = await _wait_version(relays, 1)
+    model = (4 + k - 2) * t
+    assert model * 0.9 <= took < 3 * k * t * 0.8, (took, model)
+    await rt.shutdown()
+
+
+async def test_chain_rebuild_when_a_relay_dies_mid_broadcast():
+    """§1.8 test 5: m→a→b→c, kill b → m→a→c; survivors hold identical bytes."""
+    rt, chain, relays = await _chain(["m", "a", "b", "c"], chunk_bytes=128, hop_delay_s=0.003)
+    m, a, b, c = relays
+    await chain.push(_weights(seed=1), 1)
+    await _wait_version(relays, 1)
+    await chain.push(_weights(seed=2), 2)
+    await asyncio.sleep(0.02)  # part of version 2 is on its way
+    assert await c.latest_version() == 1
+    await rt.kill(b)
+    await _wait_version([m, a, c], 2)
+    assert (await a.get_stats())["failovers"] == 1
+    sums = {await r.checksum() for r in (m, a, c)}
+    assert len(sums) == 1
+    assert next(iter(sums)) == (2, checksum(next(iter([(await m.fetch_latest(policy="local")).flat]))))
+    await chain.remove("b")
+    assert [r.name for r in chain.relays] == ["m", "a", "c"]
+    await chain.push(_weights(seed=3), 3)
+    await _wait_version(chain.relays, 3)
+    await rt.shutdown()
+
+
+async def test_master_failure_elects_a_new_master():
+    rt, chain, relays = await _chain(["m", "a", "b"])
+    await rt.kill(relays[0])
+    await chain.push(_weights(), 1)
+    assert chain.master.name == "a"
+    await _wait_version(chain.relays, 1)
+    await rt.shutdown()
+
+
+async def test_fetch_wait_inflight_waits_for_an_announced_version():
+    rt, chain, relays = await _chain(["m", "a"], chunk_bytes=64, hop_delay_s=0.01)
+    await chain.push({"x": torch.ones(64 * 10, dtype=torch.uint8)}, 1)
+    await asyncio.sleep(0)  # let the announce land
+    local = await relays[1].fetch_latest(policy="local")
+    assert local is None  # nothing complete yet
+    t0 = time.perf_counter()
+    snap = await relays[1].fetch_latest(policy="wait_inflight")
+    assert snap is not None and snap.version == 1 and time.perf_counter() - t0 > 0.05
+    with pytest.raises(ValueError, match="fetch policy"):
+        await relays[1].fetch_latest(policy="sometimes")
+    await rt.shutdown()
+
+
+async def test_push_must_advance_the_version():
+    rt, chain, _relays = await _chain(["m"])
+    await chain.push(_weights(), 3)
+    with pytest.raises(ValueError, match="not newer"):
+        await chain.push(_weights(), 3)
+    await rt.shutdown()
