@@ -1,0 +1,45 @@
+"""Inference engines behind one interface (design §7): hf, vllm, openai.
+
+    engine = make_engine(cfg)                     # cfg.engine.kind picks the backend
+    out = await engine.generate(prompt_ids, SamplingParams(temperature=0.7))
+
+Backends are imported lazily so that `hf` users never import vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentrl.inference.base import GenerateOutput, InferenceEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.config import Config
+
+__all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
+
+
+def make_engine(cfg: Config) -> InferenceEngine:
+    """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
+    from agentrl.config import ModelConfig
+    from agentrl.models import resolve_model
+
+    kind = cfg.engine.kind
+    if kind == "openai":  # the server owns the model; cfg.model.name is the served model name
+        from agentrl.inference.openai import OpenAIEngine
+
+        return OpenAIEngine(cfg.engine.base_url, cfg.model.name, api_key=cfg.engine.api_key)
+    # The default cache_dir defers to $AGENTRL_CACHE; a cache_dir set in the config wins.
+    cache_dir = None if cfg.model.cache_dir == ModelConfig.cache_dir else cfg.model.cache_dir
+    path = resolve_model(cfg.model.name, cache_dir)
+    if kind == "hf":
+        from agentrl.inference.hf import HFEngine
+
+        return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size,
+                        seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len)
+    if kind == "vllm":
+        from agentrl.inference.vllm import VLLMEngine
+
+        return VLLMEngine(path, dtype=cfg.model.dtype, max_model_len=cfg.engine.max_model_len,
+                          max_num_seqs=cfg.engine.max_batch_size,
+                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.run.seed)
+    raise ValueError(f"engine.kind {kind!r} is not one of 'hf', 'vllm', 'openai'")

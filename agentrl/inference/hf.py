@@ -1,0 +1,371 @@
+"""The `hf` inference engine: transformers in-process, concurrent requests batched (design §7).
+
+A background scheduler task owns one running batch. Each step it (1) prefills the requests that
+arrived since the last step (left-padded, one forward pass) and (2) advances every running
+sequence by one token with the KV cache (one forward pass), then merges the new rows into the
+batch and drops the finished ones. So a request joins at the next step boundary instead of
+waiting for the batch to drain, which is what trajectory-level rollout needs. Forward passes
+run in a worker thread (`asyncio.to_thread`) so the event loop keeps serving envs and tools.
+
+Weight updates (`load_weights`) follow Laminar (algorithms.md §1): admission pauses, the requests
+in flight finish on the weights they started with, the weights are swapped on an empty engine,
+then admission resumes. Every GenerateOutput therefore comes from exactly one weight version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.sampling import processed_logprobs, sample_tokens
+from agentrl.models import load_model, load_tokenizer
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future[GenerateOutput]
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    checked_chars: int = 0  # decoded text already searched for stop strings
+    batch_size_sum: int = 0
+
+
+@dataclass
+class _Batch:
+    """Running sequences. `cache` and `mask` hold every token except each row's last sampled one
+    (`next_ids`), which the next decode step feeds; `positions` is that token's position id."""
+
+    rows: list[_Request]
+    cache: DynamicCache
+    mask: torch.Tensor  # (B, T) long, 0 on left padding
+    next_ids: torch.Tensor  # (B,) long
+    positions: torch.Tensor  # (B,) long
+
+
+class HFEngine:
+    """InferenceEngine over a transformers causal LM with continuous batching."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "float32", max_batch_size: int = 16,
+                 device: str = "cpu", num_threads: int | None = None, seed: int | None = None,
+                 max_model_len: int | None = None) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        # Half the cores by default (1 on a 2-core box): the event loop, tools and sandboxes need
+        # the rest, and an oversubscribed OpenMP pool spin-waits — measured 10-20x slower decode
+        # steps with 2 threads than with 1 on a loaded 2-core machine. Process-wide setting.
+        torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 2) // 2))
+        self.model_path = Path(model_path)
+        self.device = torch.device(device)
+        self.model = load_model(model_path, dtype=dtype, device=device)
+        self.tokenizer = load_tokenizer(model_path)
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.version = 0
+        layers = DynamicCache(config=self.model.config).layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            # Joining requests mid-batch pads and stacks plain per-layer key/value tensors.
+            raise NotImplementedError(f"HFEngine batches full-attention models only; {self.model_path} has "
+                                      f"cache layers {sorted({type(x).__name__ for x in layers})}")
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self._rng = torch.Generator().manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+        self._waiting: deque[_Request] = deque()
+        self._batch: _Batch | None = None
+        self._wake = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self._paused = False
+        self._swap_lock = asyncio.Lock()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
+                                          "batch_size_sum": 0, "forward_s": 0.0}
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, (list, tuple)):
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+        if self._closed:
+            raise RuntimeError("HFEngine is closed")
+        self._check(prompt_ids, sampling)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        gen = torch.Generator()
+        gen.manual_seed(sampling.seed if sampling.seed is not None
+                        else int(torch.randint(0, 2**62, (1,), generator=self._rng)))
+        request = _Request(list(prompt_ids), sampling, asyncio.get_running_loop().create_future(), gen,
+                           self.eos_ids | frozenset(sampling.stop_token_ids))
+        self._waiting.append(request)
+        self._wake.set()
+        return await request.future
+
+    async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Swap weights on an empty engine: new requests wait, running ones finish first."""
+        async with self._swap_lock:
+            self._paused = True
+            try:
+                await self._empty.wait()
+                await asyncio.to_thread(self._copy_weights, state_dict)
+                self.version = version
+            finally:
+                self._paused = False
+                self._wake.set()
+
+    async def close(self) -> None:
+        """Stop the scheduler; requests still waiting or running finish with reason 'abort'."""
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        for request in list(self._waiting) + (self._batch.rows if self._batch else []):
+            request.finish_reason = "abort"
+            self._resolve(request)
+        self._waiting.clear()
+        self._batch = None
+        self._empty.set()  # a load_weights waiting for the drain must not hang
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.metrics["batch_size_sum"] / max(1, self.metrics["steps"])
+
+    # ------------------------------------------------------------------ checks
+
+    def _check(self, prompt_ids: list[int], sampling: SamplingParams) -> None:
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt_ids):
+            bad = next(t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size))
+            raise ValueError(f"prompt_ids holds {bad!r}, not a token id in [0, {self.vocab_size})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
+        if sampling.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}")
+        if not 0 < sampling.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+        if sampling.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}")
+        if isinstance(sampling.stop, str) or not all(isinstance(s, str) and s for s in sampling.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {sampling.stop!r}")
+
+    def _copy_weights(self, state_dict: dict[str, Any]) -> None:
+        params = self.model.state_dict()
+        unknown = sorted(set(state_dict) - set(params))
+        if unknown:
+            raise KeyError(f"load_weights: unknown parameter names {unknown[:5]}"
+                           f"{' ...' if len(unknown) > 5 else ''}; expected names like {next(iter(params))!r}")
+        for name, value in state_dict.items():
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise ValueError(f"load_weights: '{name}' has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(params[name].shape)}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                params[name].copy_(value)
+
+    # ------------------------------------------------------------------ scheduler
+
+    async def _run(self) -> None:
+        while not self._closed:
+            admitted: list[_Request] = []
+            if not self._paused:
+                while self._waiting and len(admitted) + self._batch_rows() < self.max_batch_size:
+                    request = self._waiting.popleft()
+                    if not request.future.done():  # the caller may have been cancelled meanwhile
+                        admitted.append(request)
+            if self._batch is not None:
+                for request in self._batch.rows:
+                    if request.future.cancelled():
+                        request.finish_reason = "abort"
+            if not admitted and self._batch is None:
+                self._empty.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._empty.clear()
+            try:
+                finished = await asyncio.to_thread(self._step, admitted)
+            except Exception as e:  # a failed forward fails its requests, never the engine
+                for request in admitted + (self._batch.rows if self._batch else []):
+                    if not request.future.done():
+                        request.future.set_exception(e)
+                self._batch = None
+                continue
+            for request in finished:
+                self._resolve(request)
+
+    def _batch_rows(self) -> int:
+        return len(self._batch.rows) if self._batch is not None else 0
+
+    def _resolve(self, request: _Request) -> None:
+        if request.future.done():
+            return
+        now = time.perf_counter()
+        steps = max(1, len(request.token_ids))
+        request.future.set_result(GenerateOutput(
+            token_ids=request.token_ids, logprobs=request.logprobs,
+            finish_reason=request.finish_reason or "abort", version=self.version,
+            metrics={"queue_s": (request.started or now) - request.submitted,
+                     "seconds": now - request.submitted,
+                     "mean_batch_size": request.batch_size_sum / steps,
+                     "prompt_tokens": float(len(request.prompt_ids))}))
+
+    # ------------------------------------------------------------------ one step (worker thread)
+
+    @torch.no_grad()
+    def _step(self, admitted: list[_Request]) -> list[_Request]:
+        """Prefill `admitted`, decode one token for the running batch, merge, drop finished rows."""
+        start = time.perf_counter()
+        self._drop_finished()
+        old = self._batch
+        if old is not None:
+            logits = self._decode(old)
+            self._advance(old, logits)
+        if admitted:
+            for request in admitted:
+                request.started = time.perf_counter()
+            new, logits = self._prefill(admitted)
+            self._advance(new, logits)
+            self._batch = new if old is None else _merge(old, new)
+        size = self._batch_rows()
+        for request in self._batch.rows if self._batch else []:
+            request.batch_size_sum += size
+        m = self.metrics
+        m["steps"] += 1
+        m["prefills"] += bool(admitted)
+        m["tokens"] += size
+        m["batch_size_sum"] += size
+        m["max_batch_size"] = max(m["max_batch_size"], size)
+        finished = [r for r in (self._batch.rows if self._batch else []) if r.finish_reason is not None]
+        self._drop_finished()
+        m["forward_s"] += time.perf_counter() - start
+        return finished
+
+    def _prefill(self, requests: list[_Request]) -> tuple[_Batch, torch.Tensor]:
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        batch = _Batch(rows=list(requests), cache=out.past_key_values, mask=mask.to(self.device),
+                       next_ids=torch.zeros(len(requests), dtype=torch.long, device=self.device),
+                       positions=mask.sum(-1).to(self.device))
+        return batch, out.logits[:, -1]
+
+    def _decode(self, batch: _Batch) -> torch.Tensor:
+        mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
+        out = self.model(input_ids=batch.next_ids[:, None], attention_mask=mask,
+                         position_ids=batch.positions[:, None], past_key_values=batch.cache, use_cache=True)
+        batch.mask = mask
+        batch.cache = out.past_key_values
+        batch.positions = batch.positions + 1
+        return out.logits[:, -1]
+
+    def _advance(self, batch: _Batch, logits: torch.Tensor) -> None:
+        """Sample one token per row from the last logits, record it, decide whether the row is done."""
+        rows = batch.rows
+        temps = torch.tensor([r.sampling.temperature for r in rows], device=logits.device)
+        top_p = torch.tensor([r.sampling.top_p for r in rows], device=logits.device)
+        logp = processed_logprobs(logits, temps, top_p)
+        tokens, lps = sample_tokens(logp, [r.sampling.temperature == 0 for r in rows],
+                                    [r.generator for r in rows])
+        for r, tok, lp in zip(rows, tokens, lps):
+            r.token_ids.append(tok)
+            r.logprobs.append(lp)
+            r.finish_reason = self._finish_reason(r)
+        batch.next_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+
+    def _finish_reason(self, r: _Request) -> str | None:
+        if r.token_ids[-1] in r.stop_ids:
+            return "stop"
+        if r.sampling.stop and self._hit_stop_string(r):
+            return "stop"
+        if len(r.token_ids) >= r.sampling.max_tokens or len(r.prompt_ids) + len(r.token_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _hit_stop_string(self, r: _Request) -> bool:
+        text = self.tokenizer.decode(r.token_ids, skip_special_tokens=False)
+        longest = max(len(s) for s in r.sampling.stop)
+        # Search only the tail that could hold a new match (a multi-byte character completing
+        # can rewrite the last few characters, hence the margin).
+        window = text[max(0, r.checked_chars - longest - 4):]
+        r.checked_chars = len(text)
+        return any(s in window for s in r.sampling.stop)
+
+    def _drop_finished(self) -> None:
+        batch = self._batch
+        if batch is None:
+            return
+        keep = [i for i, r in enumerate(batch.rows) if r.finish_reason is None]
+        if len(keep) == len(batch.rows):
+            return
+        if not keep:
+            self._batch = None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.cache.batch_select_indices(index)
+        batch.mask = batch.mask[index]
+        batch.next_ids = batch.next_ids[index]
+        batch.positions = batch.positions[index]
+        # Columns that are padding for every remaining row only cost compute: trim them.
+        lead = int((batch.mask.sum(0) == 0).long().cumprod(0).sum())
+        if lead:
+            batch.mask = batch.mask[:, lead:]
+            for layer in batch.cache.layers:
+                layer.keys = layer.keys[..., lead:, :]
+                layer.values = layer.values[..., lead:, :]
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    if t.shape[dim] == width:
+        return t
+    shape = list(t.shape)
+    shape[dim] = width - t.shape[dim]
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _merge(a: _Batch, b: _Batch) -> _Batch:
+    """One batch from two: left-pad the shorter cache (zero keys/values, mask 0) and stack rows."""
+    width = max(a.mask.shape[1], b.mask.shape[1])
+    for la, lb in zip(a.cache.layers, b.cache.layers):
+        la.keys = torch.cat([_left_pad(la.keys, width, -2), _left_pad(lb.keys, width, -2)])
+        la.values = torch.cat([_left_pad(la.values, width, -2), _left_pad(lb.values, width, -2)])
+    return _Batch(rows=a.rows + b.rows, cache=a.cache,
+                  mask=torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)]),
+                  next_ids=torch.cat([a.next_ids, b.next_ids]),
+                  positions=torch.cat([a.positions, b.positions]))

