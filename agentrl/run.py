@@ -154,10 +154,8 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
         "wall_s": rec.get("time_s"),
     }
-    for key, value in rec.items():
-        if key.startswith("learner/"):
-            out[key.split("/", 1)[1]] = value
-    return out
+    learner = {k.split("/", 1)[1]: v for k, v in rec.items() if k.startswith("learner/")}
+    return {**learner, **out}  # the run's own figures win over same-named learner metrics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,7 +265,7 @@ async def _train(plan: RunPlan) -> int:
     def on_step(rec: dict[str, Any]) -> None:
         step_done = start_step + rec["step"] + 1
         rec = {**rec, "step": start_step + rec["step"]}
-        groups = rec.pop("groups", [])
+        groups = rec.pop("batch", [])  # the Group objects the learner consumed
         line = step_metrics(rec, groups, pool.metrics())
         writers.write(line, [t for g in groups for t in g.trajectories])
         progress.update(line)
