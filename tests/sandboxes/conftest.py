@@ -14,6 +14,7 @@ import pytest
 
 from agentrl.config import SandboxConfig
 from agentrl.sandboxes import Sandbox, make_sandbox
+from tests.support.docker import docker_skip_reason, require_docker
 
 RUN_ID = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # label of every container this session starts
 MARK = f"{1000 + (os.getpid() % 997) / 1000:.3f}"  # `sleep 1000.xyz`: unique to this session
@@ -38,35 +39,6 @@ def host_processes(needle: str) -> list[tuple[int, str]]:
     return found
 
 
-def docker_skip_reason() -> str | None:
-    """Why docker tests cannot run here, or None when an engine answers and the base image exists."""
-    try:
-        import docker
-    except ImportError:
-        return "docker SDK not installed (pip install 'agentrl[docker]')"
-    try:
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception as e:
-        return f"no Docker engine answers ({e.__class__.__name__}); run `sudo scripts/docker_up.sh`"
-    try:
-        client.images.get(SandboxConfig.image)
-    except Exception:
-        return f"base image {SandboxConfig.image} missing; run `sudo scripts/docker_up.sh`"
-    return None
-
-
-_DOCKER_SKIP = docker_skip_reason()
-
-
-def require_docker() -> None:
-    """Skip without an engine — but fail in CI (AGENTRL_REQUIRE_DOCKER=1), where one must run."""
-    if _DOCKER_SKIP:
-        if os.environ.get("AGENTRL_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"AGENTRL_REQUIRE_DOCKER=1 but {_DOCKER_SKIP}")
-        pytest.skip(_DOCKER_SKIP)
-
-
 def config(backend: str, **overrides: object) -> SandboxConfig:
     return SandboxConfig(backend=backend, **{**TEST_LIMITS, **overrides})  # type: ignore[arg-type]
 
@@ -83,7 +55,7 @@ def no_leftovers() -> Iterator[None]:
     shutil.rmtree(_SANDBOX_TMP, ignore_errors=True)
     stray = host_processes(f"sleep {MARK}")
     containers = []
-    if _DOCKER_SKIP is None:
+    if docker_skip_reason() is None:
         from agentrl.sandboxes.admin import list_containers
 
         containers = list_containers(run_id=RUN_ID)

@@ -1,0 +1,45 @@
+"""The cluster-node image builds from the local base image (no registry) and runs `agentrl`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.docker import require_docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = "agentrl-node:test"
+
+
+def test_dockerfile_builds_from_base_image_and_runs_help(tmp_path: Path) -> None:
+    require_docker()
+    ctx = tmp_path / "ctx"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file() and not rel.startswith(("tests/", "bench/", "docs/")):
+            (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, ctx / rel)
+    (ctx / "wheels").mkdir(exist_ok=True)
+    for wheel in Path("/opt/wheels").glob("torch-*.whl"):  # the machine's CPU torch, if it has one
+        shutil.copy2(wheel, ctx / "wheels" / wheel.name)
+    build = subprocess.run(["docker", "build", "--network", "host", "--build-arg", "BASE_IMAGE=agentrl-base:bookworm",
+                            "-t", TAG, str(ctx)], capture_output=True, text=True, timeout=1800)
+    try:
+        assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+        run = subprocess.run(["docker", "run", "--rm", "--network", "none", TAG, "--help"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        for command in ["train", "eval", "sandbox", "report"]:
+            assert command in run.stdout
+        envs = subprocess.run(["docker", "run", "--rm", "--network", "none", TAG, "envs"],
+                              capture_output=True, text=True, timeout=300)
+        assert "swe" in envs.stdout, envs.stderr[-2000:]
+    finally:
+        subprocess.run(["docker", "rmi", "-f", TAG], capture_output=True)
