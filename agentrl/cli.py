@@ -64,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("swe", help="SWE task tools")
     swe_sub = p.add_subparsers(dest="swe_command", metavar="SWE_COMMAND")
-    c = swe_sub.add_parser("synth", help="synthesise SWE tasks from a real package by bug injection")
-    c.add_argument("rest", nargs=argparse.REMAINDER)
+    # `swe synth|validate ...` hand their own arguments to agentrl.envs.swe.synth (see main()).
+    swe_sub.add_parser("synth", help="synthesise SWE tasks from a real package by bug injection "
+                                     "(--package NAME==VERSION [--max-tasks N] [--out FILE] [--validate])")
+    swe_sub.add_parser("validate", help="check that every task's gold patch scores 1 and the empty patch 0")
 
     p = sub.add_parser("report", help="write PNG plots and an HTML summary for a run")
     p.add_argument("run_dir")
@@ -151,11 +153,8 @@ def _cmd_sandbox(args: argparse.Namespace) -> int:
 
 
 def _cmd_swe(args: argparse.Namespace) -> int:
-    if args.swe_command != "synth":
-        build_parser().parse_args(["swe", "--help"])
-    from agentrl.envs.swe.synth import main as synth_main
-
-    return synth_main(args.rest)
+    build_parser().parse_args(["swe", "--help"])  # bare `agentrl swe`: show its commands
+    return 2
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -171,6 +170,11 @@ COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "envs": _cmd_envs, "env": _c
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"]):
+        from agentrl.envs.swe.synth import main as synth_main
+
+        return synth_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -1,0 +1,266 @@
+"""The `swe` environment: fix a bug in a real repository with bash and an editor (design §3).
+
+Per episode the task's buggy repository is put at the sandbox work dir and committed as git's
+base. The agent explores and edits with `bash` and `str_replace_editor` and ends with `submit`.
+The reward takes the agent's work as `git diff` against the base and grades it in a FRESH
+sandbox (grade.py): test files restored, FAIL_TO_PASS + PASS_TO_PASS run.
+
+Outcome levels (G-RA, algorithms.md §3.2; configurable): no submit −1.0, empty patch −0.5, patch
+fails the tests 0.0, patch passes +1.0. Immediate signals per step, in `info["step_rewards"]`,
+each worth `step_alpha` (default 0.1 / max_turns, so their sum cannot bridge the outcome gap):
+`valid_call` (every call well-formed, known tool, valid arguments), `edit_applied` (an editor
+edit succeeded), `tests_run` (a bash call ran pytest and did not time out). The trainer gates them
+by the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+from dataclasses import replace
+from typing import Any
+
+from agentrl.env import CallOutcome, ToolEnv
+from agentrl.parsing import ParseResult
+from agentrl.tools import bash, state_get, str_replace_editor, submit
+from agentrl.types import Task
+
+from .grade import GIT, ValidationCache, grade, prepare_repo, validate_tasks
+from .schema import builtin_tasks, load_tasks
+from .synth import ensure_task_image
+
+OUTCOME_REWARDS = {"no_submit": -1.0, "empty": -0.5, "fail": 0.0, "pass": 1.0}
+SPLITS = ("train", "test", "all")
+EDIT_COMMANDS = ("create", "str_replace", "insert")
+TEST_RUNNERS = ("pytest", "unittest", "tox")
+
+_SYSTEM = """You are a software engineer fixing a bug in a Python repository.
+The repository is your current directory. Explore it with bash (ls, grep, cat), read and edit files
+with str_replace_editor, run the tests with `python3 -m pytest -q <test file>`. Change the library
+code, not the tests. When the failing tests pass, call submit."""
+
+
+class SWEEnv(ToolEnv):
+    """SWE-bench-style bug fixing, graded by the task's tests in a fresh sandbox.
+
+    Args (also `env.kwargs` in configs/swe.yaml):
+        task_file: a SWE-bench-style .jsonl/.json/.parquet file (default: the shipped tasks)
+        validate: check gold patch = pass and empty patch = fail for every task before use
+            (cached per task and backend), and drop the tasks that fail with the reason logged
+        validation_cache: path of the validation cache (default ~/.cache/agentrl/swe/validation.json)
+        outcome_rewards: override any of no_submit / empty / fail / pass
+        step_alpha: value of each G-RA step signal (default 0.1 / max_turns)
+        test_timeout_s: wall clock for grading's test run
+    and every `ToolEnv` option (sandbox_pool, sandbox_config, max_turns, parser, ...).
+    """
+
+    tools = (bash, str_replace_editor, submit)
+    max_turns = 10
+    needs_sandbox = True
+    tool_timeout_s = 60.0
+    max_output_chars = 4000
+
+    def __init__(self, task_file: str | None = None, validate: bool = True, validation_cache: str | None = None,
+                 outcome_rewards: dict[str, float] | None = None, step_alpha: float | None = None,
+                 test_timeout_s: float = 120.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        unknown = set(outcome_rewards or {}) - set(OUTCOME_REWARDS)
+        if unknown:
+            raise ValueError(f"outcome_rewards has unknown level(s) {sorted(unknown)}; "
+                             f"levels: {list(OUTCOME_REWARDS)}")
+        self.outcome_rewards = {**OUTCOME_REWARDS, **(outcome_rewards or {})}
+        levels = [self.outcome_rewards[k] for k in OUTCOME_REWARDS]
+        if levels != sorted(levels):
+            raise ValueError(f"outcome_rewards must increase no_submit <= empty <= fail <= pass, got {levels}")
+        self.step_alpha = 0.1 / self.max_turns if step_alpha is None else float(step_alpha)
+        if not test_timeout_s > 0:
+            raise ValueError(f"test_timeout_s must be > 0, got {test_timeout_s!r}")
+        self.test_timeout_s = float(test_timeout_s)
+        self.task_file = task_file
+        self.validate = validate
+        self.validation_cache = validation_cache
+        self._all: list[Task] = load_tasks(task_file) if task_file else builtin_tasks()
+        if not self._all:
+            raise ValueError(f"no SWE tasks found in {task_file or 'envs/swe/data/'}")
+        self._valid: list[Task] | None = None
+        self.rejected: list[tuple[str, str]] = []
+        self._pools: dict[str, Any] = {}
+
+    # -- tasks ------------------------------------------------------------------------------------
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+        if self._valid is None:
+            self._valid = self._validated(self._all) if self.validate else list(self._all)
+            if not self._valid:
+                raise ValueError(f"every SWE task was rejected by validation: {self.rejected[:3]}")
+        return [t for t in self._valid if split == "all" or _split_of(t) == split]
+
+    def _validated(self, tasks: list[Task]) -> list[Task]:
+        """Run validation on a private loop in a worker thread (tasks() is sync and may be
+        called from inside a running event loop)."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, self._validate_all(tasks)).result()
+
+    async def _validate_all(self, tasks: list[Task]) -> list[Task]:
+        cache = ValidationCache(self.validation_cache)
+        valid: list[Task] = []
+        for image in sorted({self._image(t) for t in tasks}):
+            group = [t for t in tasks if self._image(t) == image]
+            try:
+                sandbox = await self._new_sandbox(group[0])
+            except RuntimeError as e:  # e.g. a docker image that cannot be built
+                self.rejected += [(t["instance_id"], str(e)) for t in group]
+                continue
+            try:
+                ok, bad = await validate_tasks(group, sandbox, type(sandbox).__name__, cache)
+            finally:
+                await sandbox.close()
+            valid += ok
+            self.rejected += bad
+        return sorted(valid, key=lambda t: t["instance_id"])
+
+    # -- sandboxes: one pool per task image on docker ---------------------------------------------
+
+    def _sandbox_cfg(self) -> Any:
+        from agentrl.config import SandboxConfig
+
+        return self.sandbox_config or SandboxConfig()
+
+    def _image(self, task: Task) -> str:
+        cfg = self._sandbox_cfg()
+        return (task.get("image") or cfg.image) if cfg.backend == "docker" else cfg.image
+
+    async def get_pool(self) -> Any:
+        """The pool for the current task's image (a shared `sandbox_pool` if one was given)."""
+        if self.sandbox_pool is not None:
+            return self.sandbox_pool
+        image = self._image(self.task or {})
+        if image not in self._pools:
+            from agentrl.sandboxes import make_pool
+
+            if self._sandbox_cfg().backend == "docker" and self.task is not None:
+                await asyncio.to_thread(ensure_task_image, self.task, self._sandbox_cfg().image)
+
+            cfg = replace(self._sandbox_cfg(), image=image)
+            self._pools[image] = make_pool(cfg, size=1, name=f"swe-{_short_hash(image)}")
+        return self._pools[image]
+
+    async def _new_sandbox(self, task: Task) -> Any:
+        """A sandbox the agent never touched (grading, validation): from the shared pool's
+        factory when the env was given a pool, else of the configured backend and the task's image
+        (built first if a docker engine lacks it)."""
+        factory = getattr(self.sandbox_pool, "factory", None)
+        if callable(factory):
+            return factory()
+        from agentrl.sandboxes import make_sandbox
+
+        cfg = self._sandbox_cfg()
+        if cfg.backend == "docker":
+            await asyncio.to_thread(ensure_task_image, task, cfg.image)
+        return make_sandbox(replace(cfg, image=self._image(task), timeout_s=max(cfg.timeout_s, self.test_timeout_s)))
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            await pool.close()
+
+    # -- the episode ------------------------------------------------------------------------------
+
+    async def setup(self, task: Task) -> None:
+        await prepare_repo(self.sandbox, task, commit=True)
+
+    def system_prompt(self, task: Task) -> str:
+        return _SYSTEM
+
+    def user_prompt(self, task: Task) -> str:
+        return f"Repository: {task.get('repo') or task['instance_id']}\n\n{task['problem_statement']}"
+
+    def step_rewards(self, parsed: ParseResult, outcomes: list[CallOutcome]) -> dict[str, float]:
+        """G-RA immediate signals of one turn (algorithms.md §3.2), each worth `step_alpha`."""
+        valid = bool(outcomes) and not parsed.errors and all(o.valid for o in outcomes)
+        edited = any(o.call.name == "str_replace_editor" and o.result.ok
+                     and o.call.arguments.get("command") in EDIT_COMMANDS for o in outcomes)
+        tested = any(o.call.name == "bash" and o.result.ok
+                     and any(r in str(o.call.arguments.get("command", "")) for r in TEST_RUNNERS) for o in outcomes)
+        a = self.step_alpha
+        return {"valid_call": a * valid, "edit_applied": a * edited, "tests_run": a * tested}
+
+    async def submission(self) -> str:
+        """The agent's work as a diff against the base commit (new files included)."""
+        r = await self.sandbox.exec(f"{GIT} add -A && {GIT} -c core.quotepath=off diff --cached --binary HEAD",
+                                    timeout=60)
+        return r.stdout if r.ok else ""
+
+    async def reward(self, task: Task, state: Any) -> dict[str, float]:
+        submitted = bool(state_get(state, "submitted", False))
+        patch = await self.submission() if submitted else None
+        sandbox = await self._new_sandbox(task)
+        try:
+            result = await grade(sandbox, task, patch, self.test_timeout_s)
+        finally:
+            await sandbox.close()
+        ev = result.evaluation
+        return {
+            "reward": self.outcome_rewards[result.outcome],
+            "submitted": float(submitted),  # CR, algorithms.md §3.2
+            "modified": float(result.outcome in ("fail", "pass")),  # MR
+            "resolved": float(result.outcome == "pass"),  # RR
+            "patch_applied": float(ev.applied) if ev else 0.0,
+            "test_edits_dropped": float(len(ev.dropped)) if ev else 0.0,
+        }
+
+
+def _split_of(task: Task) -> str:
+    """A stable split: about one task in five is held out for test."""
+    return "test" if int(hashlib.sha256(task["instance_id"].encode()).hexdigest(), 16) % 5 == 0 else "train"
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def gold_actions(task: Task) -> list[str]:
+    """Hermes-format actions that apply the task's gold patch through the editor, then submit:
+    what a perfect agent would do (used by tests and `env check`)."""
+    import json
+
+    from .grade import split_patch
+
+    actions = []
+    for path, text in split_patch(task["patch"]):
+        old, new = _hunk_texts(text)
+        for o, n in zip(old, new):
+            call = {"name": "str_replace_editor",
+                    "arguments": {"command": "str_replace", "path": path, "old_str": o, "new_str": n}}
+            actions.append(f"<tool_call>{json.dumps(call)}</tool_call>")
+    actions.append('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+    return actions
+
+
+def _hunk_texts(section: str) -> tuple[list[str], list[str]]:
+    """(old, new) text of each hunk of one file's diff, context lines included."""
+    olds, news = [], []
+    old: list[str] | None = None
+    new: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("@@"):
+            if old is not None:
+                olds.append("\n".join(old))
+                news.append("\n".join(new))
+            old, new = [], []
+        elif old is not None and line[:1] in (" ", "-", "+") and not line.startswith(("---", "+++")):
+            if line[0] in " -":
+                old.append(line[1:])
+            if line[0] in " +":
+                new.append(line[1:])
+    if old is not None:
+        olds.append("\n".join(old))
+        news.append("\n".join(new))
+    return olds, news
+
+
+__all__ = ["OUTCOME_REWARDS", "SWEEnv", "gold_actions"]

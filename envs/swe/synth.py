@@ -1,0 +1,475 @@
+"""Offline SWE task synthesis from real packages by bug injection (issue 8).
+
+    agentrl swe synth --package inflection==0.5.1 --max-tasks 8 --out tasks.jsonl
+
+1. download the package's sdist (`pip download --no-binary :all: --no-deps`) and unpack it;
+2. find its source files and test files; on the docker backend, build its sandbox image from the
+   base image (`docker build --network host`, pytest + the package's test requirements);
+3. run the test files twice in a sandbox: the tests that pass both times are the baseline;
+4. for each sampled AST mutation of the source (mutate.py): run the tests; keep the bug if
+   between 1 and `max_failing` baseline tests fail (and the run did not time out), run again and
+   keep only tests whose outcome repeats (flaky ones are dropped);
+5. write the task: FAIL_TO_PASS = the tests the bug breaks, PASS_TO_PASS = the other baseline
+   tests of the same test files, gold patch = the reverse diff of the mutation, problem statement
+   = the failing test names and their assertion messages (checked to quote no line of the patch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import configparser
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from agentrl.config import SandboxConfig
+
+from .grade import is_test_file, prepare_repo, run_tests
+from .mutate import Mutation, find_mutations, sample_mutations
+from .schema import DATA_DIR, normalize_task, save_tasks
+
+SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+SKIP_DIRS = frozenset({"docs", "doc", "build", "dist", "examples", "benchmarks", "bench", "scripts",
+                       "tools", "ci", ".github", ".git"})
+SKIP_FILES = frozenset({"setup.py", "versioneer.py", "_version.py", "conftest.py", "noxfile.py", "__main__.py"})
+TEST_EXTRAS = ("test", "tests", "testing", "dev")
+NOT_NEEDED = re.compile(r"^(pytest-cov|coverage|pytest-xdist|tox|flake8|black|mypy|ruff|pre-commit|sphinx)\b",
+                        re.I)
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    m = SPEC_RE.match(spec.strip())
+    if not m:
+        raise ValueError(f"package spec {spec!r} must look like NAME==VERSION (e.g. inflection==0.5.1)")
+    return m.group(1), m.group(2)
+
+
+def fetch_sdist(spec: str, dest: Path) -> Path:
+    """The sdist of `NAME==VERSION` in `dest`, downloaded with pip on first use."""
+    name, version = parse_spec(spec)
+    dest.mkdir(parents=True, exist_ok=True)
+    found = _find_sdist(dest, name, version)
+    if found:
+        return found
+    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-build-isolation",
+           "-q", "-d", str(dest), spec]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = _find_sdist(dest, name, version)
+    if r.returncode != 0 or not found:
+        raise RuntimeError(f"pip could not download the sdist of {spec}: {(r.stderr or r.stdout)[-600:]}")
+    return found
+
+
+def _find_sdist(folder: Path, name: str, version: str) -> Path | None:
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    for f in sorted(folder.iterdir()):
+        stem = re.sub(r"[-_.]+", "_", f.name).lower()
+        if stem.startswith(f"{norm}_{re.sub(r'[-_.]+', '_', version).lower()}_tar") or \
+                stem == f"{norm}_{re.sub(r'[-_.]+', '_', version).lower()}_tar_gz":
+            return f
+    return None
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """Unpack a source tarball into `dest` and return its single top folder."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    tops = [p for p in dest.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise ValueError(f"{archive.name}: expected one top-level folder, found {[p.name for p in tops]}")
+    return tops[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What is in the repository
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    source_files: list[str]
+    test_files: list[str]
+    pythonpath: list[str]
+    test_requirements: list[str]
+
+
+def analyse_repo(root: Path) -> Layout:
+    """Source files (mutation targets), test files (pytest targets), import path and test deps."""
+    sources, tests = [], []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        parts = PurePosixPath(rel).parts
+        if any(p in SKIP_DIRS or p.endswith(".egg-info") or p.startswith(".") for p in parts[:-1]):
+            continue
+        if is_test_file(rel):
+            if PurePosixPath(rel).name != "conftest.py" and PurePosixPath(rel).name != "__init__.py":
+                tests.append(rel)
+        elif parts[-1] not in SKIP_FILES and (len(parts) > 1 or not (root / "src").is_dir()):
+            sources.append(rel)
+    if not tests:
+        raise ValueError(f"{root.name}: no test files (test_*.py, *_test.py, tests/) in the source archive")
+    if not sources:
+        raise ValueError(f"{root.name}: no Python source files besides the tests")
+    pythonpath = ["src"] if (root / "src").is_dir() else []
+    return Layout(sources, tests, pythonpath, test_requirements(root))
+
+
+def test_requirements(root: Path) -> list[str]:
+    """Test dependencies declared in pyproject.toml, setup.cfg, tox.ini or requirements files."""
+    reqs: list[str] = []
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        try:
+            import tomllib  # Python >= 3.11; older ones skip pyproject test extras
+
+            data = tomllib.loads(pyproject.read_text())
+        except (ImportError, ValueError):
+            data = {}
+        extras = data.get("project", {}).get("optional-dependencies", {})
+        groups = data.get("dependency-groups", {})
+        for key in TEST_EXTRAS:
+            reqs += [r for r in extras.get(key, []) + groups.get(key, []) if isinstance(r, str)]
+    cfg = configparser.ConfigParser(interpolation=None)
+    for name in ("setup.cfg", "tox.ini"):
+        if (root / name).exists():
+            try:
+                cfg.read(root / name)
+            except configparser.Error:
+                continue
+    if cfg.has_section("options.extras_require"):
+        for key in TEST_EXTRAS:
+            reqs += cfg.get("options.extras_require", key, fallback="").split("\n")
+    if cfg.has_section("testenv"):
+        reqs += cfg.get("testenv", "deps", fallback="").split("\n")
+    for f in sorted(root.glob("requirements*test*.txt")) + sorted(root.glob("requirements/test*.txt")):
+        reqs += f.read_text().splitlines()
+    out = []
+    for r in reqs:
+        r = r.split("#")[0].strip()
+        if r and not r.startswith(("-", "{", ".")) and not NOT_NEEDED.match(r) and r not in out:
+            out.append(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Docker image
+# ---------------------------------------------------------------------------------------------
+
+
+def image_tag(spec: str) -> str:
+    name, version = parse_spec(spec)
+    return f"agentrl-swe-{re.sub(r'[^a-z0-9]+', '-', name.lower())}:{re.sub(r'[^A-Za-z0-9_.-]', '_', version)}"
+
+
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def dockerfile(base_image: str, requirements: list[str], with_ca: bool) -> str:
+    """pytest and the test requirements in the system Python's site-packages (sandboxes run
+    `python3` from the default PATH), installed with a throwaway venv's pip. The host's CA bundle is
+    used for the build only (machines behind a TLS-intercepting proxy) and not left in the image."""
+    reqs = " ".join(f"'{r}'" for r in ["pytest", *requirements])
+    cert = "--cert /tmp/host-ca.crt " if with_ca else ""
+    site = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
+    return (f"FROM {base_image}\n"
+            + ("COPY host-ca.crt /tmp/host-ca.crt\n" if with_ca else "")
+            + f"RUN python3 -m venv /tmp/pipenv && /tmp/pipenv/bin/pip install {cert}--no-cache-dir "
+            f"--disable-pip-version-check --target \"{site}\" {reqs} && rm -rf /tmp/pipenv /tmp/host-ca.crt\n"
+            "WORKDIR /work\n")
+
+
+def build_image(spec: str, layout: Layout, base_image: str, *, rebuild: bool = False) -> str:
+    """Build (once) the package's sandbox image: the base image plus pytest and its test deps.
+    Builds use the host network; the sandboxes themselves run with `--network none`."""
+    tag = image_tag(spec)
+    if shutil.which("docker") is None:
+        raise RuntimeError("the docker CLI is not installed; use sandbox.backend=local or install docker.io")
+    if not rebuild and subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory() as ctx:
+        with_ca = HOST_CA.exists()
+        if with_ca:
+            shutil.copy(HOST_CA, Path(ctx, "host-ca.crt"))
+        Path(ctx, "Dockerfile").write_text(dockerfile(base_image, layout.test_requirements, with_ca))
+        r = subprocess.run(["docker", "build", "--network", "host", "-t", tag, ctx],
+                           capture_output=True, text=True, timeout=1200)
+    if r.returncode != 0:
+        raise RuntimeError(f"docker build of {tag} failed: {(r.stderr or r.stdout)[-1500:]}")
+    return tag
+
+
+def ensure_task_image(task: dict[str, Any], base_image: str) -> str:
+    """The task's docker image, built from its shipped source archive if this engine lacks it."""
+    image = task.get("image") or base_image
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0:
+        return image
+    spec = task.get("environment_setup", {}).get("package")
+    if not spec or image != image_tag(spec):
+        raise RuntimeError(f"task {task['instance_id']}: docker image {image} is missing and agentrl does not "
+                           "know how to build it (no environment_setup.package)")
+    from .schema import resolve_source
+
+    archive = resolve_source(task)
+    if archive is None:
+        raise RuntimeError(f"task {task['instance_id']}: image {image} is missing and the task has no source")
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = analyse_repo(unpack(archive, Path(tmp)))
+    return build_image(spec, layout, base_image)
+
+
+# ---------------------------------------------------------------------------------------------
+# Problem statements
+# ---------------------------------------------------------------------------------------------
+
+
+def problem_statement(package: str, failing: list[str], messages: dict[str, str], patch: str,
+                      show: int = 5) -> str:
+    """Describe the bug by its symptoms: failing test ids and assertion messages. A message that
+    quotes a line of the patch is left out, so the statement never leaks the fix."""
+    patch_lines = {ln[1:].strip() for ln in patch.splitlines()
+                   if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and len(ln[1:].strip()) >= 6}
+    lines = [f"After a recent change, {len(failing)} test(s) of the `{package}` package fail:", ""]
+    for node in failing[:show]:
+        msg = " ".join(messages.get(node, "").split())[:300]
+        if msg and not any(pl in msg for pl in patch_lines):
+            lines.append(f"- `{node}`: {msg}")
+        else:
+            lines.append(f"- `{node}`")
+    if len(failing) > show:
+        lines.append(f"- ... and {len(failing) - show} more")
+    lines += ["", "The tests are correct; the bug is in the library code. Find it and fix it so that these "
+              "tests pass without breaking the other tests. Do not modify the tests."]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SynthStats:
+    candidates: int = 0
+    tried: int = 0
+    kept: int = 0
+    no_failure: int = 0
+    too_many_failures: int = 0
+    flaky: int = 0
+    timed_out: int = 0
+    baseline_tests: int = 0
+    seconds: float = 0.0
+
+
+async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 8, max_candidates: int = 200,
+                     max_failing: int = 10, seed: int = 0, archive_dir: Path | None = None,
+                     source_ref: str | None = None, log: Any = print) -> tuple[list[dict[str, Any]], SynthStats]:
+    """Synthesise up to `max_tasks` bug-fix tasks from one package (each bug breaks 1..max_failing
+    baseline tests, reproducibly; `validate_task` re-checks them from scratch)."""
+    from agentrl.sandboxes import make_sandbox
+
+    start = time.perf_counter()
+    name, version = parse_spec(spec)
+    archive = fetch_sdist(spec, archive_dir or Path("~/.cache/agentrl/swe/sdists").expanduser())
+    with tempfile.TemporaryDirectory() as tmp:
+        root = unpack(archive, Path(tmp))
+        layout = analyse_repo(root)
+        sources = {f: (root / f).read_text(encoding="utf-8", errors="replace") for f in layout.source_files}
+    log(f"{spec}: {len(layout.source_files)} source files, {len(layout.test_files)} test files, "
+        f"test requirements {layout.test_requirements or 'none'}")
+    image = image_tag(spec)  # the task's docker image; the local backend ignores it
+    if sandbox_cfg.backend == "docker":
+        build_image(spec, layout, sandbox_cfg.image)
+        log(f"{spec}: sandbox image {image}")
+    base = {
+        "instance_id": f"{name}-{version}", "repo": name, "base_commit": "", "image": image,
+        "source": f"file:{archive}", "test_patch": "", "problem_statement": "-", "patch": "-",
+        "FAIL_TO_PASS": ["-"], "PASS_TO_PASS": [],
+        "environment_setup": {"package": spec, "pythonpath": layout.pythonpath},
+    }
+    base = normalize_task(base)
+    stats = SynthStats()
+    tasks: list[dict[str, Any]] = []
+    sandbox = make_sandbox(replace(sandbox_cfg, image=image))
+    try:
+        await prepare_repo(sandbox, base, commit=False)
+        targets = layout.test_files
+        runs = [await run_tests(sandbox, base, targets, timeout=600) for _ in range(2)]
+        stable = sorted(n for n in runs[0].statuses if runs[0].passed(n) and runs[1].passed(n))
+        stats.baseline_tests = len(stable)
+        if not stable:
+            raise RuntimeError(f"{spec}: no test passes on the unmodified package:\n{runs[0].output[-1500:]}")
+        baseline_s = max(r.seconds for r in runs)
+        log(f"{spec}: {len(stable)} stable passing tests at baseline ({baseline_s:.1f}s per run)")
+        mutations = [m for f, src in sources.items() for m in _safe_mutations(src, f)]
+        stats.candidates = len(mutations)
+        for m in sample_mutations(mutations, max_candidates, seed):
+            if len(tasks) >= max_tasks:
+                break
+            stats.tried += 1
+            task = await _try_mutation(sandbox, base, m, targets, stable, max_failing,
+                                       timeout=max(30.0, 5 * baseline_s), stats=stats)
+            if task is not None:
+                task["source"] = source_ref or f"file:{archive}"
+                tasks.append(normalize_task(task))
+                stats.kept += 1
+                log(f"{spec}: kept {task['instance_id']} ({m.operator} at {m.path}:{m.lineno}, "
+                    f"{len(task['FAIL_TO_PASS'])} failing)")
+    finally:
+        await sandbox.close()
+    stats.seconds = time.perf_counter() - start
+    return tasks, stats
+
+
+def _safe_mutations(source: str, path: str) -> list[Mutation]:
+    try:
+        return find_mutations(source, path)
+    except ValueError:  # a file that does not parse on this Python (e.g. py2-only): skip it
+        return []
+
+
+async def _try_mutation(sandbox: Any, base: dict[str, Any], m: Mutation, targets: list[str],
+                        stable: list[str], max_failing: int, timeout: float,
+                        stats: SynthStats) -> dict[str, Any] | None:
+    await sandbox.write_file(m.path, m.mutated)
+    try:
+        first = await run_tests(sandbox, base, targets, timeout=timeout)
+        if first.timed_out:
+            stats.timed_out += 1
+            return None
+        failing = [n for n in stable if not first.passed(n)]
+        if not failing:
+            stats.no_failure += 1
+            return None
+        if len(failing) > max_failing:
+            stats.too_many_failures += 1
+            return None
+        second = await run_tests(sandbox, base, targets, timeout=timeout)
+    finally:
+        await sandbox.write_file(m.path, m.original)
+    flaky = {n for n in stable if first.passed(n) != second.passed(n)}
+    f2p = [n for n in failing if n not in flaky]
+    if second.timed_out or not f2p:
+        stats.flaky += 1
+        return None
+    files = {n.split("::")[0] for n in f2p}
+    p2p = [n for n in stable if n not in flaky and n not in f2p and n.split("::")[0] in files]
+    gold = m.gold_patch
+    digest = hashlib.sha256(m.bug_patch.encode()).hexdigest()[:8]
+    package = base["environment_setup"]["package"]
+    return {
+        **base,
+        "instance_id": f"{base['instance_id']}-{digest}",
+        "problem_statement": problem_statement(package.split("==")[0], f2p, first.messages, gold),
+        "patch": gold,
+        "bug_patch": m.bug_patch,
+        "FAIL_TO_PASS": f2p,
+        "PASS_TO_PASS": p2p,
+        "mutation": {"operator": m.operator, "path": m.path, "lineno": m.lineno, "description": m.description},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: agentrl swe synth | agentrl swe validate
+# ---------------------------------------------------------------------------------------------
+
+
+def _sandbox_config(args: argparse.Namespace) -> SandboxConfig:
+    return SandboxConfig(backend=args.backend, image=args.base_image, timeout_s=60.0, memory_mb=2048,
+                         pids=256, max_output_bytes=8_000_000)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`synth --package NAME==VERSION [--max-tasks N] [--out FILE] [--validate]` (the default
+    command, so `agentrl swe synth` can pass its arguments straight through) and
+    `validate [FILE]` (the shipped tasks by default)."""
+    parser = argparse.ArgumentParser(prog="agentrl swe", description="SWE task synthesis and validation")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("synth", help="synthesise bug-fix tasks from a package's sdist")
+    s.add_argument("--package", required=True, help="NAME==VERSION of a pure-Python package on PyPI")
+    s.add_argument("--max-tasks", type=int, default=8)
+    s.add_argument("--max-candidates", type=int, default=200, help="mutations to try at most")
+    s.add_argument("--max-failing", type=int, default=10, help="keep bugs that break at most this many tests")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", default=None, help="output JSONL (default: <name>-<version>.jsonl); the sdist "
+                                               "is copied beside it")
+    s.add_argument("--validate", action="store_true", help="validate every task after writing it")
+    v = sub.add_parser("validate", help="check gold patch = 1 and empty patch = 0 for every task")
+    v.add_argument("file", nargs="?", default=None, help="task file (default: the shipped tasks)")
+    v.add_argument("--no-cache", action="store_true")
+    for p in (s, v):
+        p.add_argument("--backend", choices=["local", "docker"], default="local")
+        p.add_argument("--base-image", default="agentrl-base:bookworm")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv or argv[0] not in ("synth", "validate", "-h", "--help"):
+        argv = ["synth", *argv]  # `agentrl swe synth` passes the arguments after "synth"
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "synth":
+            return asyncio.run(_synth_cli(args))
+        return asyncio.run(_validate_cli(args))
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+async def _synth_cli(args: argparse.Namespace) -> int:
+    name, version = parse_spec(args.package)
+    if args.max_tasks < 1:
+        raise ValueError("--max-tasks must be >= 1")
+    out = Path(args.out or f"{name}-{version}.jsonl").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    archive = fetch_sdist(args.package, out.parent)  # the sdist ships beside the tasks
+    ref = f"data:{archive.name}" if out.parent == DATA_DIR.resolve() else f"file:{archive}"
+    tasks, stats = await synthesize(args.package, _sandbox_config(args), max_tasks=args.max_tasks,
+                                    max_candidates=args.max_candidates, max_failing=args.max_failing,
+                                    seed=args.seed, archive_dir=out.parent, source_ref=ref)
+    save_tasks(tasks, out)
+    print(f"wrote {len(tasks)} task(s) to {out}; tried {stats.tried} of {stats.candidates} mutations "
+          f"(no failing test {stats.no_failure}, too many {stats.too_many_failures}, flaky {stats.flaky}, "
+          f"timed out {stats.timed_out}) in {stats.seconds:.0f}s")
+    if args.validate and tasks:
+        args.file, args.no_cache = str(out), False
+        return await _validate_cli(args)
+    return 0 if tasks else 1
+
+
+async def _validate_cli(args: argparse.Namespace) -> int:
+    from agentrl.sandboxes import make_sandbox
+
+    from .grade import ValidationCache, validate_tasks
+    from .schema import builtin_tasks, load_tasks
+
+    tasks = load_tasks(args.file) if args.file else builtin_tasks()
+    cfg = _sandbox_config(args)
+    cache = ValidationCache(Path(tempfile.mkdtemp()) / "v.json") if args.no_cache else ValidationCache()
+    valid, rejected = [], []
+    for image in sorted({t["image"] or cfg.image for t in tasks}):
+        group = [t for t in tasks if (t["image"] or cfg.image) == image]
+        if cfg.backend == "docker":
+            try:
+                ensure_task_image(group[0], cfg.image)
+            except RuntimeError as e:
+                rejected += [(t["instance_id"], str(e)) for t in group]
+                print(f"{image}: REJECTED {len(group)} task(s): {e}")
+                continue
+        sandbox = make_sandbox(replace(cfg, image=image if cfg.backend == "docker" else cfg.image))
+        try:
+            ok, bad = await validate_tasks(group, sandbox, cfg.backend, cache, log=print)
+        finally:
+            await sandbox.close()
+        valid += ok
+        rejected += bad
+    print(f"{len(valid)} valid, {len(rejected)} rejected")
+    return 0 if not rejected else 1
+
