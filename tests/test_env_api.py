@@ -13,8 +13,6 @@ from typing import Any
 
 import gymnasium
 import pytest
-from agentrl.sandboxes.base import ExecResult, Sandbox
-from agentrl.tools import bash, python, str_replace_editor, submit, tool
 
 import agentrl
 from agentrl.env import (
@@ -28,6 +26,8 @@ from agentrl.env import (
     registry,
 )
 from agentrl.parsing import ToolCall, get_parser
+from agentrl.sandboxes.base import ExecResult, Sandbox
+from agentrl.tools import bash, python, str_replace_editor, submit, tool
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentrl.tools import bash, python, submit, tool
 
 from agentrl.env import BUILTIN_ENVS, Env, ToolEnv, load_entry_point
 from agentrl.envcheck import CheckReport, check_env, main
+from agentrl.tools import bash, python, submit, tool
 from agentrl.types import StepResult
 
 ROOT = Path(__file__).resolve().parent.parent

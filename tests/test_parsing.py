@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import pytest
-from agentrl.tools import bash, python, str_replace_editor, submit, tool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from agentrl.parsing import (
     list_parsers,
     register_parser,
 )
+from agentrl.tools import bash, python, str_replace_editor, submit, tool
 
 PARSERS = ["hermes", "fenced", "xml"]
 

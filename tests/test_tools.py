@@ -10,6 +10,7 @@ import time
 from typing import Any, Literal, Optional
 
 import pytest
+
 from agentrl.tools import (
     ArgumentError,
     ToolResult,
