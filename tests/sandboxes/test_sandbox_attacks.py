@@ -82,9 +82,10 @@ async def test_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     forked = int(r.stdout.split("FORKED")[1].split()[0])
     assert forked < TEST_LIMITS["pids"], forked
     await sandbox.reset()  # its sleeping children hold the whole process budget until now
-    # the classic shell bomb (POSIX spelling) ends at the timeout, not by exhausting the host
+    # the classic shell bomb (POSIX spelling) ends at the timeout or on the process limit, not by
+    # exhausting the host (which of the two comes first depends on how fast the budget fills)
     r = await sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 5", timeout=3)
-    assert r.timed_out
+    assert r.timed_out or "fork" in r.stderr.lower(), r
     assert time.monotonic() - start < 40
     await sandbox.reset()  # whatever survived the timeout dies here
     r = await sandbox.exec("echo alive")
