@@ -1,0 +1,544 @@
+"""The asyncio trajectory-level rollout engine (design §6).
+
+    rollout = RolloutEngine(engine, tokenizer, SamplingParams(max_tokens=256), concurrency=16)
+    group = await rollout.run_group(lambda: make("code"), task, G=8)
+    async for traj in rollout.stream(env_factory, tasks, G=8): ...   # as each one finishes
+
+One asyncio task per trajectory; a semaphore bounds how many run at once; each has a wall-clock
+budget (→ `aborted`) and can be cancelled. The context is kept as token ids: the policy's own
+tokens (loss mask 1, behaviour log-prob, weight version) and the chat template's tokens for
+everything else (mask 0), appended by `ChatTokens` and never re-tokenized. A failing env ends
+only its own trajectory (`error`). A trajectory can be paused at a turn boundary and exported
+(`RolloutState`), then resumed on another RolloutEngine: what Laminar's repack moves (§1.4).
+SUPO summarisation (algorithms.md §4) runs here when the env is a `SummarizeEnv`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentrl.envs.summarize import SummarizeEnv
+from agentrl.inference.base import InferenceEngine, SamplingParams
+from agentrl.rollout.tokens import ChatTokenizer, ChatTokens, verify_append_only
+from agentrl.types import Group, Message, Segment, Status, StepResult, Task, Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+EnvFactory = Callable[[], Any]
+ProgressHook = Callable[[str, int], Any]
+
+
+def step_seed(seed: int | None, step: int) -> int | None:
+    """The sampling seed of a trajectory's `step`-th generation: a pure function of the
+    trajectory seed and the step, so a resumed trajectory draws exactly what it would have."""
+    return None if seed is None else (seed * 1_000_003 + step) % 2**31
+
+
+def trajectory_seed(base: int | None, traj_id: str) -> int | None:
+    """A per-trajectory seed from the sampling seed and the (deterministic) trajectory id."""
+    return None if base is None else zlib.crc32(f"{base}:{traj_id}".encode()) % 2**31
+
+
+@dataclass
+class RolloutState:
+    """A trajectory paused at a turn boundary: everything needed to continue it elsewhere.
+
+    `env` is the live env object (moves within a process). Across processes `to_dict()` drops
+    it; `resume` then rebuilds the env from a factory by `areset(task)` and replaying
+    `actions` in order (envs are deterministic given their actions)."""
+
+    trajectory: Trajectory  # segments, messages, rewards and timings so far
+    prompt: list[Message]  # s_1, the initial messages (SUPO restarts from them)
+    context: list[Message]  # the current segment's conversation, for template deltas
+    actions: list[str] = field(default_factory=list)  # every action sent to env.astep
+    step: int = 0  # policy generations so far (actions + summaries): SUPO's H and the seed step
+    seed: int | None = None  # trajectory sampling seed (None: engine randomness)
+    env: Any = None
+
+    @property
+    def turn(self) -> int:
+        return len(self.actions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trajectory": self.trajectory.to_dict(), "prompt": [dict(m) for m in self.prompt],
+                "context": [dict(m) for m in self.context], "actions": list(self.actions),
+                "step": self.step, "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RolloutState:
+        return cls(trajectory=Trajectory.from_dict(d["trajectory"]), prompt=d["prompt"],
+                   context=d["context"], actions=list(d["actions"]), step=d["step"], seed=d["seed"])
+
+
+@dataclass
+class _Live:
+    task: asyncio.Task[Trajectory | None]
+    state: RolloutState
+    pause: bool = False
+    exported: asyncio.Future[RolloutState | None] | None = None
+
+
+class _End(Exception):
+    """Internal: the rollout loop ends the trajectory with this status. `reason` names why a
+    trajectory was truncated (kept in traj.metrics as `truncated_<reason>` = 1)."""
+
+    def __init__(self, status: Status, reason: str = "", overlong: bool = False) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.overlong = status, reason, overlong
+
+
+class RolloutEngine:
+    """Runs trajectories against an InferenceEngine, token-exact, many at once.
+
+    engine: generates (`generate(prompt_ids, sampling)`); tokenizer: the policy's tokenizer
+    with its chat template. sampling.seed, when set, makes each trajectory reproducible
+    (per-trajectory seeds derive from it and the trajectory id). max_context_tokens is the hard
+    limit of one context; reaching it ends the trajectory `truncated`. summarize: a
+    `SummarizeConfig` to wrap every env in `SummarizeEnv` (an env that already is one keeps its
+    own parameters). on_progress(traj_id, tokens_so_far) is called after every generation and
+    observation (sync or async) so in-flight work can be streamed.
+    """
+
+    def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer,
+                 sampling: SamplingParams | None = None, *, concurrency: int = 8,
+                 trajectory_timeout_s: float = 300.0, max_context_tokens: int = 2048,
+                 summarize: Any = None, on_progress: ProgressHook | None = None,
+                 eos_token_ids: Sequence[int] | None = None, verify_template: bool = True) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if not trajectory_timeout_s > 0:
+            raise ValueError(f"trajectory_timeout_s must be > 0, got {trajectory_timeout_s}")
+        if max_context_tokens < 2:
+            raise ValueError(f"max_context_tokens must be >= 2, got {max_context_tokens}")
+        sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        self.engine = engine
+        self.sampling = sampling
+        self.concurrency = concurrency
+        self.trajectory_timeout_s = trajectory_timeout_s
+        self.max_context_tokens = max_context_tokens
+        self.summarize = summarize if summarize is not None and getattr(summarize, "enabled", True) else None
+        self.on_progress = on_progress
+        eos = list(eos_token_ids or [])
+        if not eos:  # the template's EOS first, then whatever else the engine stops on
+            eos = [tokenizer.eos_token_id, *sorted(set(getattr(engine, "eos_ids", ())) - {tokenizer.eos_token_id})]
+        if verify_template:
+            verify_append_only(tokenizer, eos_token_ids=eos)
+        self.chat = ChatTokens(tokenizer, eos)
+        self._sem = asyncio.Semaphore(concurrency)
+        self._live: dict[str, _Live] = {}
+        self._groups = 0
+
+    @classmethod
+    def from_config(cls, engine: InferenceEngine, tokenizer: ChatTokenizer, cfg: Any,
+                    **kwargs: Any) -> RolloutEngine:
+        """From an `agentrl.config.Config`: sampling, rollout and summarize sections (the run
+        seed seeds sampling)."""
+        sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
+                                  max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed)
+        return cls(engine, tokenizer, sampling, concurrency=cfg.rollout.concurrency,
+                   trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
+                   max_context_tokens=cfg.rollout.max_context_tokens,
+                   summarize=cfg.summarize if cfg.summarize.enabled else None, **kwargs)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def in_flight(self) -> list[str]:
+        """Ids of trajectories started here and not yet finished or exported."""
+        return list(self._live)
+
+    async def run_group(self, env_factory: EnvFactory, task: Task, G: int, *,
+                        group_id: str | None = None) -> Group:
+        """Run G trajectories of one task concurrently; returns them in index order.
+
+        A trajectory exported meanwhile is absent (it finishes on the engine that resumed it)."""
+        gid, starts = self._start_group(env_factory, task, G, group_id)
+        done = await asyncio.gather(*starts)
+        return Group(id=gid, task_id=str(task.get("id", "")), trajectories=[t for t in done if t is not None])
+
+    async def run_groups(self, env_factory: EnvFactory, tasks: Sequence[Task], G: int) -> list[Group]:
+        """Run a group for each task, all concurrently (bounded by `concurrency`)."""
+        return list(await asyncio.gather(*(self.run_group(env_factory, t, G) for t in tasks)))
+
+    async def stream(self, env_factory: EnvFactory, tasks: Sequence[Task], G: int) -> AsyncIterator[Trajectory]:
+        """Yield each finished trajectory as soon as it ends (Laminar streams trajectories, not
+        batches). Closing the generator early (`contextlib.aclosing`, or letting it be
+        collected) cancels whatever is still running; those trajectories end `aborted`."""
+        for task in tasks:  # all checked before any starts
+            _check_group_args(env_factory, task, G)
+        pending: set[asyncio.Future[Trajectory | None]] = set()
+        for task in tasks:
+            pending.update(asyncio.ensure_future(a) for a in self._start_group(env_factory, task, G, None)[1])
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    traj = fut.result()
+                    if traj is not None:
+                        yield traj
+        finally:
+            for fut in pending:
+                fut.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def run_trajectory(self, env: Any, task: Task, *, traj_id: str | None = None,
+                             group_id: str = "", seed: int | None = None) -> Trajectory | None:
+        """Run one trajectory on a given env (closed at the end). None if it was exported."""
+        traj_id = traj_id or uuid.uuid4().hex[:12]
+        traj = Trajectory(id=traj_id, group_id=group_id, task_id=str(task.get("id", "")), task=dict(task))
+        state = RolloutState(trajectory=traj, prompt=[], context=[],
+                             seed=seed if seed is not None else trajectory_seed(self.sampling.seed, traj_id))
+        return await self._launch(state, lambda: self._wrap(env))
+
+    def snapshot(self, traj_id: str) -> Trajectory:
+        """A copy of an in-flight trajectory as it stands (for a partial-response pool)."""
+        live = self._live.get(traj_id)
+        if live is None:
+            raise KeyError(f"no trajectory {traj_id!r} in flight here; in flight: {sorted(self._live)}")
+        return copy.deepcopy(live.state.trajectory)
+
+    def request_export(self, traj_id: str) -> asyncio.Future[RolloutState | None]:
+        """Ask a running trajectory to pause at its next turn boundary (callable from a sync
+        progress hook). The future gets its RolloutState, or None if it finished first."""
+        live = self._live.get(traj_id)
+        if live is None:
+            raise KeyError(f"no trajectory {traj_id!r} in flight here; in flight: {sorted(self._live)}")
+        if live.exported is None:
+            live.exported = asyncio.get_running_loop().create_future()
+            live.pause = True
+        return live.exported
+
+    async def export(self, traj_id: str) -> RolloutState | None:
+        """Pause a running trajectory at its next turn boundary and hand over its state (the
+        live env included; it is no longer closed here). None if it finished first."""
+        return await self.request_export(traj_id)
+
+    async def resume(self, state: RolloutState, env_factory: EnvFactory | None = None) -> Trajectory | None:
+        """Continue an exported trajectory here. Without a live `state.env`, the env comes from
+        `env_factory` and is brought to the same state by reset + replaying `state.actions`."""
+        if state.env is None and env_factory is None:
+            raise ValueError("resume needs the live env in state.env or an env_factory to replay actions")
+        state = copy.copy(state)
+
+        async def env_source() -> Any:
+            if state.env is not None:
+                return state.env
+            env = self._wrap(env_factory())  # type: ignore[misc]
+            try:
+                await env.areset(state.trajectory.task)
+                for action in state.actions:
+                    await env.astep(action)
+            except BaseException:
+                await _close(env)
+                raise
+            return env
+
+        return await self._launch(state, env_source)
+
+    def cancel(self, traj_id: str) -> bool:
+        """Cancel a trajectory (it ends `aborted`); False if it is not in flight."""
+        live = self._live.get(traj_id)
+        if live is None:
+            return False
+        live.task.cancel()
+        return True
+
+    async def aclose(self) -> None:
+        """Cancel everything in flight and wait for it to wind down."""
+        tasks = [live.task for live in self._live.values()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ task management
+
+    def _start_group(self, env_factory: EnvFactory, task: Task, G: int,
+                     group_id: str | None) -> tuple[str, list[Awaitable[Trajectory | None]]]:
+        _check_group_args(env_factory, task, G)
+        self._groups += 1
+        gid = group_id or f"{task.get('id', 'task')}-{self._groups}"
+        starts = []
+        for i in range(G):
+            tid = f"{gid}/{i}"
+            traj = Trajectory(id=tid, group_id=gid, task_id=str(task.get("id", "")), task=dict(task))
+            state = RolloutState(trajectory=traj, prompt=[], context=[],
+                                 seed=trajectory_seed(self.sampling.seed, tid))
+            starts.append(self._launch(state, lambda: self._wrap(env_factory())))
+        return gid, starts
+
+    def _wrap(self, env: Any) -> Any:
+        if self.summarize is not None and not isinstance(env, SummarizeEnv):
+            return SummarizeEnv.from_config(env, self.summarize)
+        return env
+
+    async def _launch(self, state: RolloutState, env_source: Callable[[], Any]) -> Trajectory | None:
+        tid = state.trajectory.id
+        if tid in self._live:
+            raise ValueError(f"trajectory {tid!r} is already running here")
+        task = asyncio.ensure_future(self._run(state, env_source))
+        self._live[tid] = _Live(task, state)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:  # our caller was cancelled: take the trajectory down too
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            live = self._live.pop(tid, None)
+            if live is not None and live.exported is not None and not live.exported.done():
+                live.exported.set_result(None)  # finished before reaching a turn boundary
+
+    async def _run(self, state: RolloutState, env_source: Callable[[], Any]) -> Trajectory | None:
+        """Run (or continue) one trajectory under the concurrency bound and its wall-clock
+        budget. Returns it finished, or None when it paused for export."""
+        traj = state.trajectory
+        paused = False
+        t_queue = time.perf_counter()
+        try:
+            async with self._sem:
+                start = time.perf_counter()
+                _add(traj.timings, "queue_s", start - t_queue)
+                budget = max(self.trajectory_timeout_s - traj.timings.get("total_s", 0.0), 0.0)
+                body = asyncio.ensure_future(self._body(state, env_source))
+                try:
+                    # Not wait_for: a TimeoutError raised by env code must stay an env error.
+                    await asyncio.wait({body}, timeout=budget)
+                    if not body.done():
+                        raise _End(Status.ABORTED, f"wall-clock budget of {self.trajectory_timeout_s:g}s exceeded")
+                    body.result()  # re-raises what ended the trajectory
+                    paused = True  # _body returns only at a pause; every ending raises
+                finally:
+                    if not body.done():
+                        body.cancel()
+                        await asyncio.gather(body, return_exceptions=True)
+                    _add(traj.timings, "total_s", time.perf_counter() - start)
+                    if not paused and state.env is not None:
+                        await _close(state.env)
+                        state.env = None
+        except _End as end:
+            _finish(traj, end.status, end.reason, end.overlong)
+        except asyncio.CancelledError:  # cancel(), aclose() or a cancelled consumer
+            _finish(traj, Status.ABORTED, "cancelled")
+        except Exception as e:  # env, tool or engine failure: this trajectory only
+            log.warning("trajectory %s ends with status error: %s: %s", traj.id, type(e).__name__, e)
+            log.debug("trajectory %s traceback", traj.id, exc_info=True)
+            _finish(traj, Status.ERROR, f"{type(e).__name__}: {e}")
+        if paused:
+            live = self._live.get(traj.id)
+            if live is not None and live.exported is not None:
+                live.exported.set_result(state)
+                return None
+        return traj
+
+    async def _body(self, state: RolloutState, env_source: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        env = env_source()
+        if asyncio.iscoroutine(env):
+            env = await env
+        _add(state.trajectory.timings, "env_s", time.perf_counter() - t0)
+        state.env = env
+        await self._drive(state, env)
+
+    # ------------------------------------------------------------------ the rollout loop
+
+    async def _drive(self, state: RolloutState, env: Any) -> None:
+        """Run turns until the trajectory ends (raises _End) or a pause is requested (returns)."""
+        traj = state.trajectory
+        supo = env if isinstance(env, SummarizeEnv) else None
+        traj.env = traj.env or str(getattr(env, "name", type(env).__name__))
+        if not traj.segments:
+            messages = await self._timed_env(traj, env.areset(traj.task))
+            _check_messages(messages, "areset")
+            state.prompt, state.context = list(messages), list(messages)
+            traj.messages = list(messages)
+            self._new_segment(traj, state.context)
+        live = self._live.get(traj.id)
+        while not (live is not None and live.pause):  # a pause lands on a turn boundary
+            if supo is not None and state.step >= supo.max_steps:
+                raise _End(Status.TRUNCATED, "supo_max_steps", overlong=True)
+            await self._turn(state, env, supo)
+
+    async def _turn(self, state: RolloutState, env: Any, supo: SummarizeEnv | None) -> None:
+        """One policy action, one env step, and (SUPO) a summary if the context grew past L."""
+        traj, seg = state.trajectory, state.trajectory.segments[-1]
+        before = len(seg.token_ids)  # SUPO rolls back to here: the pair and its generation prompt
+        limit = self.max_context_tokens if supo is None else min(self.max_context_tokens, supo.working_context)
+        turn, ended_with_eos = await self._policy_turn(state, seg, limit)
+
+        t0 = time.perf_counter()
+        state.actions.append(turn.action_text)
+        result = await self._timed_env(traj, env.astep(turn.action_text))
+        turn.env_seconds = time.perf_counter() - t0
+        if not isinstance(result, StepResult):
+            raise TypeError(f"env.astep must return StepResult, got {type(result).__name__}")
+        _check_messages(result.observation, "astep")
+        _record_step(traj, turn, result)
+        if result.terminated or result.truncated:
+            traj.messages.extend(result.observation)
+            info = result.info or {}
+            traj.outcome_reward = traj.reward = float(info.get("outcome_reward", 0.0))
+            traj.reward_components = {k: float(v) for k, v in (info.get("reward_components") or {}).items()}
+            raise _End(Status.FINISHED if result.terminated else Status.TRUNCATED,
+                       "" if result.terminated else "env")
+
+        # The assistant turn's closing tokens, then the observation messages, as the template
+        # renders them after this exact history.
+        turn.obs_start = len(seg.token_ids)
+        seg.append(self.chat.close_assistant(state.context, ended_with_eos)
+                   + self.chat.append_messages(state.context, result.observation), policy=False)
+        turn.obs_end = len(seg.token_ids)
+        state.context.extend(result.observation)
+        traj.messages.extend(result.observation)
+        await self._progress(traj)
+
+        if supo is not None and len(seg.token_ids) >= supo.threshold:
+            if traj.num_summaries >= supo.max_summaries:
+                raise _End(Status.TRUNCATED, "supo_max_summaries", overlong=True)
+            # SUPO Alg. 2 line 11: drop the last (action, observation) pair from the token
+            # context; the env keeps the action's effects.
+            seg.truncate(before)
+            del state.context[len(state.context) - 1 - len(result.observation):]
+            await self._summarize(state, supo)
+        elif len(seg.token_ids) >= self.max_context_tokens:
+            raise _End(Status.TRUNCATED, "context")
+
+    async def _summarize(self, state: RolloutState, supo: SummarizeEnv) -> None:
+        """Append v_sum, generate the summary (trained tokens), start the next segment from
+        s_1 ⊕ continuation template ⊕ summary (algorithms.md §4.1)."""
+        traj, seg = state.trajectory, state.trajectory.segments[-1]
+        request = supo.summary_message()
+        seg.append(self.chat.append_messages(state.context, [request]), policy=False)
+        state.context.append(request)
+        traj.messages.append(request)
+        turn, _ = await self._policy_turn(state, seg, self.max_context_tokens)
+        seg.summary = supo.extract_summary(turn.action_text)
+        traj.num_summaries += 1
+        state.context = supo.continuation(state.prompt, seg.summary)
+        traj.messages.append(state.context[-1])
+        self._new_segment(traj, state.context)
+
+    def _new_segment(self, traj: Trajectory, messages: list[Message]) -> None:
+        ids = self.chat.prompt(messages)
+        if len(ids) >= self.max_context_tokens:
+            raise _End(Status.TRUNCATED, "context")
+        seg = Segment(prompt_len=len(ids))
+        seg.append(ids, policy=False)
+        traj.segments.append(seg)
+
+    async def _policy_turn(self, state: RolloutState, seg: Segment, limit: int) -> tuple[Turn, bool]:
+        """Open an assistant turn and sample it with at most `limit` tokens of context in all.
+
+        The policy's tokens go in with mask 1, their behaviour log-probs and weight version;
+        the assistant message joins the context. Returns the Turn and whether it ended in EOS."""
+        traj = state.trajectory
+        gen_prompt = self.chat.generation_prompt(state.context)
+        room = limit - len(seg.token_ids) - len(gen_prompt)
+        if room < 1:
+            raise _End(Status.TRUNCATED, "context")
+        seg.append(gen_prompt, policy=False)
+        params = replace(self.sampling, max_tokens=min(self.sampling.max_tokens, room),
+                         seed=step_seed(state.seed, state.step))
+        state.step += 1
+        t0 = time.perf_counter()
+        out = await self.engine.generate(list(seg.token_ids), params)
+        wall = time.perf_counter() - t0
+        _add(traj.timings, "generate_s", wall)
+        if out.finish_reason == "abort":
+            raise _End(Status.ABORTED, "the inference engine aborted the generation (engine closed?)")
+        if not out.token_ids:
+            raise RuntimeError("the inference engine returned no tokens")
+        if traj.policy_versions - {out.version}:  # Laminar forbids mixing (algorithms.md §1.2)
+            log.warning("trajectory %s mixes weight versions %s and %s", traj.id, sorted(traj.policy_versions),
+                        out.version)
+            _add(traj.metrics, "version_switches", 1.0)
+        start = len(seg.token_ids)
+        seg.append(list(out.token_ids), policy=True, logprobs=list(out.logprobs), version=out.version)
+        text = self.chat.action_text(out.token_ids)
+        turn = Turn(action_text=text, action_start=start, action_end=len(seg.token_ids),
+                    finish_reason=out.finish_reason, generate_seconds=wall)
+        seg.turns.append(turn)
+        message = Message(role="assistant", content=text)
+        state.context.append(message)
+        traj.messages.append(message)
+        await self._progress(traj)
+        return turn, self.chat.ends_turn(out.token_ids)
+
+    async def _timed_env(self, traj: Trajectory, call: Awaitable[Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await call
+        finally:
+            _add(traj.timings, "env_s", time.perf_counter() - t0)
+
+    async def _progress(self, traj: Trajectory) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            r = self.on_progress(traj.id, traj.num_tokens)
+            if asyncio.iscoroutine(r):
+                await r
+        except Exception:  # monitoring must never end a trajectory
+            log.exception("on_progress hook failed for trajectory %s", traj.id)
+
+
+# ---------------------------------------------------------------------- small helpers
+
+
+def _add(d: dict[str, float], key: str, value: float) -> None:
+    d[key] = d.get(key, 0.0) + value
+
+
+def _finish(traj: Trajectory, status: Status, reason: str = "", overlong: bool = False) -> None:
+    traj.status = status
+    traj.overlong = traj.overlong or overlong
+    if status in (Status.ERROR, Status.ABORTED):
+        traj.error = reason
+    elif reason:
+        traj.metrics[f"truncated_{reason}"] = 1.0
+
+
+def _record_step(traj: Trajectory, turn: Turn, result: StepResult) -> None:
+    """Per-step reward: the sum of info["step_rewards"] components, else StepResult.reward."""
+    info = result.info or {}
+    comps = {k: float(v) for k, v in (info.get("step_rewards") or {}).items()}
+    turn.reward_components = comps
+    turn.step_reward = float(sum(comps.values())) if comps else float(result.reward)
+    turn.observation = list(result.observation)
+    turn.tool_calls = int(info.get("num_tool_calls", len(info.get("tool_calls") or ())))
+    turn.tool_errors = int(info.get("num_tool_errors", 0))
+    traj.step_rewards.append(turn.step_reward)
+
+
+def _check_group_args(env_factory: Any, task: Any, G: Any) -> None:
+    if not isinstance(task, dict):
+        raise TypeError(f"task must be a dict with an 'id', got {type(task).__name__}")
+    if not isinstance(G, int) or G < 1:
+        raise ValueError(f"group size G must be an int >= 1, got {G!r}")
+    if not callable(env_factory):
+        raise TypeError(f"env_factory must be callable (returns a fresh env), got {type(env_factory).__name__}")
+
+
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+        raise TypeError(f"env.{where} must return a list of chat messages (dicts with 'role'), got {messages!r:.200}")
+
+
+async def _close(env: Any) -> None:
+    close = getattr(env, "aclose", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:  # closing must not change how the trajectory ended
+        log.warning("env.aclose failed", exc_info=True)

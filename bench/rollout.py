@@ -1,0 +1,228 @@
+"""Trajectory-level async rollout vs turn-synchronous batches on a long-tailed workload.
+
+    .venv/bin/python bench/rollout.py [--quick]
+
+Both modes run the same RolloutEngine over the real embedded model (hf engine, SmolLM2-135M,
+greedy so both modes generate the same tokens) on the same workload: trajectory k has a
+long-tailed number of turns and, per turn, a tool that sleeps a lognormal time, drawn once from a
+seeded RNG.
+
+- async: every trajectory is its own asyncio task; a finished one frees its slot at once
+  (`RolloutEngine.stream`, concurrency C).
+- sync: batches of C trajectories; at each turn every trajectory waits for the slowest
+  generation and then for the slowest tool (two barriers per turn), and a batch ends with its
+  longest trajectory.
+
+Prints one JSON line: async_trajs_per_s, sync_trajs_per_s, async_over_sync and
+engine_overhead_frac = Σ(total − generate − env) / Σ total over the async trajectories, i.e. the
+share of trajectory wall time spent in the rollout engine itself (bookkeeping, template deltas,
+scheduling), not waiting on the model or the tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from agentrl.env import Env
+from agentrl.inference.base import SamplingParams
+from agentrl.rollout import RolloutEngine
+from agentrl.types import StepResult, Task, Trajectory
+
+
+def make_workload(n: int, seed: int, max_turns: int, tool_median_s: float, tool_sigma: float) -> list[Task]:
+    """Long tails on both axes: turns = 1 + Geometric(0.4) capped at max_turns, tool latency
+    lognormal (median tool_median_s, shape tool_sigma) capped at 8 s."""
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for k in range(n):
+        turns = int(min(max_turns, rng.geometric(0.4)))
+        latency = np.minimum(rng.lognormal(np.log(tool_median_s), tool_sigma, size=turns), 8.0)
+        tasks.append({"id": f"w{k}", "turns": turns, "latency": [round(float(x), 4) for x in latency],
+                      "prompt": f"Task {k}: call the probe tool and report what it says."})
+    return tasks
+
+
+class SleepToolEnv(Env):
+    """Each action 'calls a tool' that sleeps the task's latency for that turn."""
+
+    name = "sleep-tool"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task: Task = {}
+        self.turn = 0
+
+    async def areset(self, task: Task) -> list[dict[str, str]]:
+        self.task, self.turn = task, 0
+        return [{"role": "system", "content": "You are an agent with a probe tool."},
+                {"role": "user", "content": task["prompt"]}]
+
+    async def astep(self, action: str) -> StepResult:
+        await asyncio.sleep(self.task["latency"][self.turn])
+        self.turn += 1
+        done = self.turn >= self.task["turns"]
+        obs = [] if done else [{"role": "tool", "content": f"probe {self.turn}: ok"}]
+        return StepResult(obs, 0.0, terminated=done, info={"outcome_reward": 1.0} if done else {})
+
+
+class TurnBarrier:
+    """A reusable barrier whose party count shrinks as trajectories finish."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties, self.arrived, self.generation = parties, 0, 0
+        self.cond = asyncio.Condition()
+
+    async def wait(self) -> None:
+        async with self.cond:
+            gen = self.generation
+            self.arrived += 1
+            if self.arrived >= self.parties:
+                self._release()
+            else:
+                await self.cond.wait_for(lambda: self.generation != gen)
+
+    async def leave(self) -> None:
+        async with self.cond:
+            self.parties -= 1
+            if self.arrived and self.arrived >= self.parties:
+                self._release()
+
+    def _release(self) -> None:
+        self.arrived, self.generation = 0, self.generation + 1
+        self.cond.notify_all()
+
+
+class TurnSyncEnv(SleepToolEnv):
+    """The turn-synchronous baseline: wait for every generation, run the tool, wait for every
+    tool; leave the barrier when done."""
+
+    def __init__(self, barrier: TurnBarrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+
+    async def astep(self, action: str) -> StepResult:
+        await self.barrier.wait()  # the whole batch has generated this turn
+        result = await super().astep(action)
+        await self.barrier.wait()  # the whole batch has run its tools
+        if result.terminated:
+            await self.barrier.leave()
+        return result
+
+
+async def run_async(rollout: RolloutEngine, tasks: list[Task]) -> tuple[float, list[Trajectory]]:
+    start = time.perf_counter()
+    trajs = [t async for t in rollout.stream(SleepToolEnv, tasks, 1)]
+    return time.perf_counter() - start, trajs
+
+
+async def run_sync(rollout: RolloutEngine, tasks: list[Task], batch: int) -> tuple[float, list[Trajectory]]:
+    start = time.perf_counter()
+    trajs: list[Trajectory] = []
+    for i in range(0, len(tasks), batch):
+        chunk = tasks[i:i + batch]
+        barrier = TurnBarrier(len(chunk))
+        groups = await asyncio.gather(*(rollout.run_group(lambda b=barrier: TurnSyncEnv(b), t, 1) for t in chunk))
+        trajs += [t for g in groups for t in g.trajectories]
+    return time.perf_counter() - start, trajs
+
+
+def overhead_frac(trajs: list[Trajectory]) -> float:
+    total = sum(t.timings["total_s"] for t in trajs)
+    busy = sum(t.timings.get("generate_s", 0.0) + t.timings.get("env_s", 0.0) for t in trajs)
+    return (total - busy) / total
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from agentrl.inference.hf import HFEngine
+    from agentrl.models import resolve_model
+
+    tasks = make_workload(args.trajectories, args.seed, args.max_turns, args.tool_median_s, args.tool_sigma)
+    engine = HFEngine(resolve_model(args.model), max_batch_size=args.concurrency)
+    sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+
+    def rollout() -> RolloutEngine:
+        return RolloutEngine(engine, engine.tokenizer, sampling, concurrency=args.concurrency,
+                             max_context_tokens=2048)
+
+    await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
+    keys = ("steps", "prefills", "batch_size_sum", "forward_s")
+    stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in ("async", "sync")}
+    try:
+        for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
+            for mode in ("async", "sync") if r % 2 == 0 else ("sync", "async"):
+                before = {k: engine.metrics[k] for k in keys}
+                if mode == "async":
+                    wall, trajs = await run_async(rollout(), tasks)
+                else:
+                    wall, trajs = await run_sync(rollout(), tasks, args.concurrency)
+                bad = [t for t in trajs if t.status.value != "finished"]
+                if bad or len(trajs) != len(tasks):
+                    raise SystemExit(f"{mode}: {len(bad)} trajectories did not finish: {bad[0].error if bad else ''}")
+                st = stats[mode]
+                st["wall_s"] += wall
+                st["trajs"] += trajs
+                for k in keys:
+                    st[k] += engine.metrics[k] - before[k]
+    finally:
+        await engine.close()
+    a, s = stats["async"], stats["sync"]
+    latencies = [x for t in tasks for x in t["latency"]]
+    out: dict[str, Any] = {
+        "bench": "rollout", "quick": args.quick, "device": "cpu", "threads": os.cpu_count(),
+        "model": args.model, "concurrency": args.concurrency, "trajectories": len(tasks), "rounds": args.rounds,
+        "async_trajs_per_s": round(len(a["trajs"]) / a["wall_s"], 4),
+        "sync_trajs_per_s": round(len(s["trajs"]) / s["wall_s"], 4),
+        "async_over_sync": round(s["wall_s"] / a["wall_s"], 3),
+        "engine_overhead_frac": round(overhead_frac(a["trajs"]), 4),
+        "mean_turns": round(statistics.mean(t["turns"] for t in tasks), 2),
+        "max_turns": max(t["turns"] for t in tasks),
+        "tool_latency_mean_s": round(statistics.mean(latencies), 3),
+        "tool_latency_max_s": round(max(latencies), 3),
+        "policy_tokens_per_round": sum(t.num_policy_tokens for t in a["trajs"]) // args.rounds,
+    }
+    for mode, st in stats.items():
+        # busy_frac: share of the wall time the model was computing; what async recovers is the
+        # idle time the turn barrier leaves while the slowest tool runs.
+        out.update({f"{mode}_wall_s": round(st["wall_s"], 2), f"{mode}_engine_steps": int(st["steps"]),
+                    f"{mode}_prefills": int(st["prefills"]),
+                    f"{mode}_mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
+                    f"{mode}_s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
+                    f"{mode}_engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
+    out["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    return out
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a smaller workload (< 2 min)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--trajectories", type=int, default=None, help="default 32 (quick) / 96")
+    p.add_argument("--max-turns", type=int, default=None, help="default 6 (quick) / 8")
+    p.add_argument("--max-tokens", type=int, default=None, help="per turn; default 4 (quick) / 16")
+    p.add_argument("--tool-median-s", type=float, default=0.5)
+    p.add_argument("--tool-sigma", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=None, help="async+sync rounds, alternating order; "
+                   "default 1 (quick) / 2")
+    args = p.parse_args(argv)
+    args.trajectories = args.trajectories or (32 if args.quick else 96)
+    args.max_tokens = args.max_tokens or (4 if args.quick else 16)
+    args.max_turns = args.max_turns or (6 if args.quick else 8)
+    args.rounds = args.rounds or (1 if args.quick else 2)
+    if min(args.concurrency, args.trajectories, args.max_tokens, args.max_turns, args.rounds) < 1:
+        p.error("--concurrency, --trajectories, --max-tokens, --max-turns and --rounds must be >= 1")
+    return args
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(parse(sys.argv[1:])))))

@@ -1,0 +1,45 @@
+"""Answer scoring for the search env: exact match and token F1.
+
+Normalisation and both metrics follow the SQuAD v1.1 evaluation script (Rajpurkar et al. 2016,
+"SQuAD: 100,000+ Questions for Machine Comprehension of Text"), which Search-R1 also uses for
+its outcome reward: lower-case, drop punctuation, drop the articles a/an/the, squeeze spaces.
+With several gold answers the best score counts.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces.
+
+    An answer that is nothing but an article keeps it: "an" is Aragonese's ISO 639-1 code,
+    and an empty prediction must not match it."""
+    text = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split()) or " ".join(text.split())
+
+
+def exact_match(prediction: str, golds: list[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold answer, else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in golds))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred_tokens), common / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str, golds: list[str]) -> float:
+    """Max over golds of the harmonic mean of token precision and recall (SQuAD F1)."""
+    pred = normalize_answer(prediction).split()
+    return max((_f1(pred, normalize_answer(g).split()) for g in golds), default=0.0)
