@@ -1,0 +1,95 @@
+"""bench/learning.py: the curve arithmetic (fast) and one real smallest-mode run (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "bench"))
+    sys.modules[f"bench_{name}"] = module  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+learning = _load("learning")
+run_all = _load("run_all")
+
+
+def test_rewards_at_checkpoints_windows_and_weights() -> None:
+    points = [(10.0, 0.0, 8), (25.0, 0.5, 8), (29.0, 1.0, 4), (95.0, 0.25, 8)]
+    got = learning.rewards_at_checkpoints(points, budget_s=60, n=2)
+    assert [c["t_s"] for c in got] == [30.0, 60.0]
+    assert got[0]["reward"] == pytest.approx((0 * 8 + 0.5 * 8 + 1.0 * 4) / 20)  # trajectory-weighted
+    assert got[0]["trajectories"] == 20
+    assert got[1]["reward"] == 0.25  # a batch after the budget counts in the last window
+    assert learning.rewards_at_checkpoints([(5.0, 1.0, 8)], 60, 3)[1]["reward"] is None
+    with pytest.raises(ValueError, match="budget_s"):
+        learning.rewards_at_checkpoints(points, 0, 2)
+
+
+def test_time_to_level_uses_trailing_mean() -> None:
+    points = [(1.0, 0.0, 8), (2.0, 1.0, 8), (3.0, 1.0, 8), (4.0, 1.0, 8)]
+    assert learning.time_to_level(points, 0.5, window=3) == 2.0  # (0 + 1) / 2
+    assert learning.time_to_level(points, 0.9, window=3) == 4.0  # 3 ones
+    assert learning.time_to_level(points, 1.1) is None
+    assert learning.final_reward(points, budget_s=4.5) == 1.0  # batches after 3 s
+
+
+def test_prompt_is_the_code_task_stub() -> None:
+    task = learning.bench_tasks(learning.Settings(num_tasks=3))[0]
+    system, user = learning.prompt_messages(task)
+    assert system["role"] == "system" and "```python" in system["content"]
+    assert task["entry_point"] in user["content"] and task["prompt"].strip() in user["content"]
+
+
+async def test_grade_runs_hidden_tests_in_a_real_sandbox() -> None:
+    task = learning.bench_tasks(learning.Settings(num_tasks=1))[0]
+    assert await learning.grade(task, "```python\n" + task["solution"] + "```") == 1.0
+    wrong = task["solution"].replace("return", "return 1 + ", 1)
+    assert await learning.grade(task, wrong) == 0.0
+
+
+def test_last_json_line_skips_logs() -> None:
+    assert run_all.last_json_line('loading\n{"a": 1}\nnot json {\n') == {"a": 1}
+    assert run_all.last_json_line("nothing here\n") is None
+
+
+def test_run_all_reports_a_missing_script(tmp_path: Path) -> None:
+    out = run_all.run_one("no_such_bench", 5, bench_dir=ROOT / "bench")
+    assert out["status"] == "missing" and "no_such_bench.py" in out["error"]
+
+
+def test_bad_arguments_are_named() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--systems", "laminar,foo"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "foo" in proc.stderr
+
+
+@pytest.mark.slow
+def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
+    """The real thing, smallest: agentrl sync backend, real model, real sandbox, 20 s budget."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--systems", "sync",
+                           "--budget-s", "20", "--max-tokens", "32", "--num-tasks", "20",
+                           "--group-size", "2", "--prompts-per-step", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert record["bench"] == "learning" and record["errors"] == {}
+    sync = record["systems"]["sync"]
+    assert sync["steps"] >= 1 and sync["trajectories"] >= 2
+    assert 0.0 <= sync["reward_first_batch"] <= 1.0
+    assert len(sync["reward_at"]) == 6 and record["settings"]["budget_s"] == 20
+    assert record["load_avg_before"] is not None
+    assert (tmp_path / "learning.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "learning.json").read_text())["points"]["sync"]
