@@ -135,6 +135,12 @@ class Env(gym.Env):
         """Apply the policy's action text; return the new observation messages and rewards."""
         raise NotImplementedError(f"{type(self).__name__} must implement astep(action)")
 
+    async def afinalize(self) -> tuple[float, dict[str, float]] | None:
+        """The rollout cut the episode short (context or step budget) before a terminal step:
+        score the state as it stands, as (outcome_reward, reward_components). None: no outcome
+        (the trajectory keeps 0). Without this, running out of context could beat a bad ending."""
+        return None
+
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """The tasks of `split`; `reset()` without options picks one with its seeded RNG."""
         raise NotImplementedError(f"{type(self).__name__} defines no tasks(); pass reset(options={{'task': ...}})")
@@ -403,6 +409,13 @@ class ToolEnv(Env):
             info.update(outcome_reward=outcome, reward_components=components,
                         ended_by=next((o.call.name for o in outcomes if o.terminal), "max_turns"))
         return StepResult(observation, sum(step_rewards.values()), terminated, truncated, info)
+
+    async def afinalize(self) -> tuple[float, dict[str, float]] | None:
+        """Score an episode the rollout ended early (e.g. SWE: no submit → its outcome level)."""
+        if self.done:
+            return None
+        self.done = True
+        return await self._outcome()
 
     async def aclose(self) -> None:
         await self._release_sandbox()

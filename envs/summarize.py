@@ -136,6 +136,10 @@ class SummarizeEnv(Env):
     async def astep(self, action: str) -> StepResult:
         return await self.inner.astep(action)
 
+    async def afinalize(self) -> tuple[float, dict[str, float]] | None:
+        finalize = getattr(self.inner, "afinalize", None)  # any object with areset/astep may be wrapped
+        return await finalize() if finalize is not None else None
+
     def tasks(self, split: str = "train") -> Any:
         return self.inner.tasks(split)
 

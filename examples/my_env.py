@@ -3,9 +3,8 @@
     agentrl env check examples.my_env:AddEnv
 """
 
-from agentrl.tools import submit, tool
-
 from agentrl import ToolEnv, register
+from agentrl.tools import submit, tool
 
 
 @tool

@@ -364,10 +364,23 @@ class RolloutEngine:
             traj.messages = list(messages)
             self._new_segment(traj, state.context)
         live = self._live.get(traj.id)
-        while not (live is not None and live.pause):  # a pause lands on a turn boundary
-            if supo is not None and state.step >= supo.max_steps:
-                raise _End(Status.TRUNCATED, "supo_max_steps", overlong=True)
-            await self._turn(state, env, supo)
+        try:
+            while not (live is not None and live.pause):  # a pause lands on a turn boundary
+                if supo is not None and state.step >= supo.max_steps:
+                    raise _End(Status.TRUNCATED, "supo_max_steps", overlong=True)
+                await self._turn(state, env, supo)
+        except _End as end:
+            if end.status is Status.TRUNCATED and end.reason != "env":  # we cut it: let the env score it
+                await self._finalize(traj, env)
+            raise
+
+    async def _finalize(self, traj: Trajectory, env: Any) -> None:
+        finalize = getattr(env, "afinalize", None)
+        scored = await self._timed_env(traj, finalize()) if finalize is not None else None
+        if scored is not None:
+            outcome, components = scored
+            traj.outcome_reward = traj.reward = float(outcome)
+            traj.reward_components = {k: float(v) for k, v in components.items()}
 
     async def _turn(self, state: RolloutState, env: Any, supo: SummarizeEnv | None) -> None:
         """One policy action, one env step, and (SUPO) a summary if the context grew past L."""

@@ -393,3 +393,31 @@ async def test_stream_checks_every_task_before_starting_any() -> None:
         async for _ in rollout.stream(lambda: started.append(ScriptedEnv()) or started[-1], [TASK, "bad"], 2):
             pass
     assert started == [] and rollout.in_flight == []
+
+
+
+async def test_context_cut_is_scored_by_the_env() -> None:
+    """A trajectory the rollout cuts (context budget) still gets the env's outcome for its state,
+    so running out of context cannot beat a bad ending (SWE: no submit = -1)."""
+
+    class Scored(ScriptedEnv):
+        finalized = 0
+
+        async def afinalize(self) -> tuple[float, dict[str, float]]:
+            self.finalized += 1
+            return -1.0, {"reward": -1.0, "submitted": 0.0}
+
+    envs: list[Scored] = []
+
+    def factory() -> Scored:
+        envs.append(Scored(turns=10))
+        return envs[-1]
+
+    rollout = make_rollout(ScriptedEngine(CharTokenizer()), max_context_tokens=200)
+    traj = (await rollout.run_group(factory, TASK, 1)).trajectories[0]
+    assert traj.status is Status.TRUNCATED and traj.metrics.get("truncated_context") == 1.0
+    assert traj.outcome_reward == -1.0 and traj.reward_components == {"reward": -1.0, "submitted": 0.0}
+    assert envs[0].finalized == 1
+    # an env that ends the episode itself is not asked again
+    done = (await make_rollout().run_group(factory, TASK, 1)).trajectories[0]
+    assert done.status is Status.FINISHED and envs[1].finalized == 0

@@ -116,7 +116,7 @@ async def test_killed_sandbox_fails_one_trajectory_of_eight(hf_engine) -> None:
     assert len(group.trajectories) == 8
     failed = [t for t in group.trajectories if t.status is Status.ERROR]
     # Killed during its exec (SIGKILL, 137) or, on a slow host, just before it (closed).
-    assert len(failed) == 1 and ("exit code 137" in failed[0].error or "sandbox is closed" in failed[0].error)
+    assert len(failed) == 1 and any(why in failed[0].error for why in ("exit code 137", "sandbox is closed", "sandbox agent is gone"))
     killed_env = envs[3]
     assert failed[0].messages[2]["content"] == killed_env.history[0]  # it is the killed one
     for traj in group.trajectories:
