@@ -145,7 +145,7 @@ class Learner:
         for sl in self._micro_slices(shape[0]):
             mb = self._trim(batch.select(sl))
             stats = token_logprobs_and_stats(model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                             self.temperature)
+                                             self.temperature, positions=mb.loss_mask.to(self.device))
             w = mb.input_ids.shape[1]
             for o, x in zip(out, (stats.logprobs, stats.entropy, stats.sum_pi_sq)):
                 o[sl, :w] = x.cpu()
@@ -272,7 +272,8 @@ class Learner:
             if m_train.sum() == 0 and cfg.kl_coef == 0:
                 continue  # contributes exactly nothing; skip the forward
             stats = token_logprobs_and_stats(self.model, micro.input_ids.to(self.device),
-                                             micro.attention_mask.to(self.device), self.temperature)
+                                             micro.attention_mask.to(self.device), self.temperature,
+                                             positions=micro.loss_mask.to(self.device))
             logp = stats.logprobs.cpu() if self.device != "cpu" else stats.logprobs
             per_tok, clipped = self._token_loss(logp, m_old, micro.behaviour_logprobs, micro.advantages, m_train)
             pg = aggregate_loss(per_tok, m_train, cfg.loss_agg, m_norm, denom)

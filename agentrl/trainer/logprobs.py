@@ -43,6 +43,39 @@ def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | 
     return logits[:, :-1].float() / temperature
 
 
+def _split_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(body, lm_head) of a plain HF causal LM whose logits are lm_head(last hidden state), or
+    None for models that post-process logits (soft-capping, scaling), which take the full path."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "model", None)
+    config = getattr(model, "config", None)
+    post = any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    if head is None or body is None or post:
+        return None
+    return body, head
+
+
+def _selected_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
+                     temperature: float, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Logits only where `positions[:, t]` asks for log π(token t): the LM head (a V-wide
+    matmul and log-softmax per token) runs on policy tokens only, not on prompts and tool output.
+    Returns (logits [N, V], the [B, T-1] selection) or None when the model needs the full path."""
+    parts = _split_head(model)
+    if parts is None:
+        return None
+    body, head = parts
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    sel = positions[:, 1:].to(torch.bool)
+    return head(hidden[sel]).float() / temperature, sel
+
+
+def _scatter(values: Tensor, sel: Tensor) -> Tensor:
+    """Put per-selected-token values back at their [B, T] positions (zeros elsewhere)."""
+    out = values.new_zeros(sel.shape)
+    out[sel] = values
+    return _pad_first(out)
+
+
 def _pad_first(x: Tensor) -> Tensor:
     """Prepend a zero column so position t describes token t (position 0 has no context)."""
     return torch.cat([x.new_zeros(x.shape[0], 1), x], dim=1)
@@ -80,11 +113,23 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
 
 def token_logprobs_and_stats(model: torch.nn.Module, input_ids: Tensor,
                              attention_mask: Tensor | None = None,
-                             temperature: float = 1.0) -> TokenStats:
+                             temperature: float = 1.0, positions: Tensor | None = None) -> TokenStats:
     """Log-probs plus entropy and Σπ² from the same forward pass (all [B, T], column 0 = 0).
 
-    Entropy and Σπ² are detached: they are metrics / OTB weights, never loss terms."""
+    Entropy and Σπ² are detached: they are metrics / OTB weights, never loss terms. With
+    `positions` ([B, T] bool, e.g. the loss mask) the three are computed only there (zeros
+    elsewhere), which skips the LM head on prompt and observation tokens."""
     _check(input_ids, attention_mask, temperature)
+    picked = None if positions is None else _selected_logits(model, input_ids, attention_mask, temperature,
+                                                              positions)
+    if picked is not None:
+        logits, sel = picked
+        targets = input_ids[:, 1:][sel]
+        logprobs = _scatter(logprobs_from_logits(logits, targets), sel)
+        with torch.no_grad():
+            entropy = _scatter(entropy_from_logits(logits), sel)
+            sum_pi_sq = _scatter(sum_pi_sq_from_logits(logits), sel)
+        return TokenStats(logprobs=logprobs, entropy=entropy, sum_pi_sq=sum_pi_sq)
     logits = _logits(model, input_ids, attention_mask, temperature)
     logprobs = _pad_first(logprobs_from_logits(logits, input_ids[:, 1:]))
     with torch.no_grad():

@@ -76,3 +76,30 @@ def test_bad_input_is_named(tiny_model):
         token_logprobs(tiny_model, torch.zeros(1, 5, dtype=torch.long), temperature=0.0)
     with pytest.raises(ValueError, match="attention_mask shape"):
         token_logprobs(tiny_model, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 4))
+
+
+def test_positions_path_matches_the_full_forward(tiny_model) -> None:
+    """Running the LM head only on policy tokens gives the same log-probs, entropy and Σπ² there
+    (and gradients flow the same way)."""
+    import torch
+
+    from agentrl.trainer.logprobs import token_logprobs_and_stats
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, tiny_model.config.vocab_size, (2, 12))
+    attn = torch.ones_like(ids)
+    attn[1, 9:] = 0
+    positions = torch.zeros_like(ids, dtype=torch.bool)
+    positions[0, 3:7] = True
+    positions[1, 5:9] = True
+    full = token_logprobs_and_stats(tiny_model, ids, attn, temperature=0.7)
+    part = token_logprobs_and_stats(tiny_model, ids, attn, temperature=0.7, positions=positions)
+    for a, b in [(full.logprobs, part.logprobs), (full.entropy, part.entropy), (full.sum_pi_sq, part.sum_pi_sq)]:
+        assert torch.allclose(a[positions], b[positions], atol=1e-5)
+        assert (b[~positions] == 0).all()
+    (full.logprobs * positions).sum().backward()
+    g_full = [p.grad.clone() for p in tiny_model.parameters()]
+    tiny_model.zero_grad()
+    part.logprobs.sum().backward()
+    for a, p in zip(g_full, tiny_model.parameters()):
+        assert torch.allclose(a, p.grad, atol=1e-5)
