@@ -169,3 +169,26 @@ async def test_server_weight_update_through_dev_endpoint(engine, model_path, pro
         assert _max_diff(hf, prompts[2], after, 1.0) < BOUND
     finally:  # leave the module's server on the original weights
         await engine.load_weights(load_model(model_path).state_dict(), version=0)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_multi_turn_rollout_over_http_matches_the_trainer(engine, model_path):
+    """A multi-turn trajectory with real tool observations (bubblewrap `wc`) from an OpenAI-
+    compatible server: the trainer's forward pass reproduces its behaviour log-probs."""
+    from agentrl.rollout import RolloutEngine
+    from tests.rollout.test_real_model import TASK, SandboxWcEnv
+
+    hf = load_model(model_path)
+    rollout = RolloutEngine(engine, load_tokenizer(model_path), SamplingParams(temperature=1.0, max_tokens=24,
+                                                                                 seed=17))
+    traj = (await rollout.run_group(lambda: SandboxWcEnv(turns=3), TASK, 1)).trajectories[0]
+    assert traj.status.value == "finished" and traj.num_turns == 3, traj.error
+    assert any(m["role"] == "tool" for m in traj.messages)
+    seg = traj.segments[0]
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    with torch.no_grad():
+        ref = token_logprobs(hf, torch.tensor([seg.token_ids]))[0]
+    worst = float((ref[mask] - torch.tensor(seg.logprobs)[mask]).abs().max())
+    print(f"\nOpenAI multi-turn trajectory: {int(mask.sum())} policy tokens, max |Δ log-prob| {worst:.2e}")
+    assert worst < BOUND
