@@ -19,8 +19,6 @@ from tests.support.docker import docker_skip_reason, require_docker
 RUN_ID = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # label of every container this session starts
 MARK = f"{1000 + (os.getpid() % 997) / 1000:.3f}"  # `sleep 1000.xyz`: unique to this session
 TEST_LIMITS = {"memory_mb": 256, "pids": 64, "timeout_s": 10.0, "max_output_bytes": 100_000}
-_SANDBOX_TMP = Path(tempfile.mkdtemp(prefix="agentrl-test-sbx-root-"))
-_SANDBOX_TMP.chmod(0o711)  # bwrap runs as uid 65534 when we are root and must reach the work dirs
 
 
 def host_processes(needle: str) -> list[tuple[int, str]]:
@@ -45,14 +43,17 @@ def config(backend: str, **overrides: object) -> SandboxConfig:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers() -> Iterator[None]:
-    """Every sandbox temp dir of this session lives under _SANDBOX_TMP; all must be gone at the end,
+    """Every sandbox temp dir of this session lives under one root dir; all must be gone at the end,
     as must this session's containers and marked processes."""
+    # made here, not at import: a run that selects no sandbox test must not leave an empty dir
+    root = Path(tempfile.mkdtemp(prefix="agentrl-test-sbx-root-"))
+    root.chmod(0o711)  # bwrap runs as uid 65534 when we are root and must reach the work dirs
     old = tempfile.tempdir
-    tempfile.tempdir = str(_SANDBOX_TMP)
+    tempfile.tempdir = str(root)
     yield
     tempfile.tempdir = old
-    leftovers = [p.name for p in _SANDBOX_TMP.iterdir() if p.name.startswith("agentrl-sbx-")]
-    shutil.rmtree(_SANDBOX_TMP, ignore_errors=True)
+    leftovers = [p.name for p in root.iterdir() if p.name.startswith("agentrl-sbx-")]
+    shutil.rmtree(root, ignore_errors=True)
     stray = host_processes(f"sleep {MARK}")
     containers = []
     if docker_skip_reason() is None:
