@@ -19,6 +19,7 @@ from agentrl.inference.base import SamplingParams
 from agentrl.inference.openai import OpenAIEngine, OpenAIEngineError, completion_request, parse_completion
 from agentrl.models import load_model, load_tokenizer, resolve_model
 from agentrl.trainer.logprobs import token_logprobs
+from tests.support.prompts import chat_prompts
 
 BOUND = 1e-2  # HF forward vs vLLM server log-probs (fp32 on CPU; measured ~3e-5)
 
@@ -114,10 +115,7 @@ def server(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prompts(model_path) -> list[list[int]]:
-    tok = load_tokenizer(model_path)
-    questions = ["Name a fruit.", "Write a haiku about rain.", "Say hello in French.", "What is Python?"]
-    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)) for q in questions]
+    return chat_prompts(model_path)
 
 
 @pytest_asyncio.fixture

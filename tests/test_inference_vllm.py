@@ -14,6 +14,7 @@ pytest.importorskip("vllm")
 from agentrl.inference.base import GenerateOutput, InferenceEngine, SamplingParams
 from agentrl.models import load_model, load_tokenizer, resolve_model
 from agentrl.trainer.logprobs import token_logprobs
+from tests.support.prompts import chat_prompts
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -35,10 +36,7 @@ def hf_model(model_path):
 
 @pytest.fixture(scope="module")
 def prompts(model_path) -> list[list[int]]:
-    tok = load_tokenizer(model_path)
-    questions = ["Name a fruit.", "Write a haiku about rain.", "Say hello in French.", "What is Python?"]
-    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)) for q in questions]
+    return chat_prompts(model_path)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
