@@ -88,7 +88,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
                    ) -> list[Trajectory]:
     from agentrl.inference import make_engine
     from agentrl.inference.base import SamplingParams
-    from agentrl.models import load_tokenizer, resolve_model
+    from agentrl.models import load_tokenizer, resolve_configured
     from agentrl.rollout.engine import RolloutEngine
     from agentrl.run import make_env
     from agentrl.sandboxes import make_pool
@@ -99,7 +99,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
 
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
         await engine.load_weights(state["model"], int(state["version"]))
-    tokenizer = load_tokenizer(resolve_model(cfg.model.name))
+    tokenizer = load_tokenizer(resolve_configured(cfg.model))
     pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
     await pool.start()
     try:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from agentrl.config import ModelConfig
+
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CACHE = "~/.cache/agentrl/models"
 _EMBEDDED_ALIASES = {DEFAULT_MODEL, "smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -70,6 +72,14 @@ def resolve_model(name: str, cache_dir: str | os.PathLike[str] | None = None) ->
     if _looks_like_path(name):
         raise ModelNotFoundError(f"model folder '{local}' does not exist. {_HOW_TO_GET}")
     return _from_hub(name, cache_root(cache_dir))
+
+
+def resolve_configured(model: ModelConfig) -> Path:
+    """`cfg.model` → a local folder. A cache_dir left at its default defers to $AGENTRL_CACHE;
+    one set in the config wins."""
+    from agentrl.config import ModelConfig
+
+    return resolve_model(model.name, None if model.cache_dir == ModelConfig.cache_dir else model.cache_dir)
 
 
 def _looks_like_path(name: str) -> bool:

@@ -205,7 +205,7 @@ def train(plan: RunPlan) -> int:
 async def _train(plan: RunPlan) -> int:
     from agentrl.inference import make_engine
     from agentrl.laminar.loop import run_training_async
-    from agentrl.models import resolve_model
+    from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
     from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
     from agentrl.trainer.learner import Learner
@@ -213,8 +213,7 @@ async def _train(plan: RunPlan) -> int:
     cfg, run_dir = plan.config, plan.run_dir
     ckpt_dir = run_dir / "checkpoints"
     log.info("run %s: resolving model %s", run_dir, cfg.model.name)
-    model_path = resolve_model(cfg.model.name, None if cfg.model.cache_dir == "~/.cache/agentrl/models"
-                               else cfg.model.cache_dir)
+    model_path = resolve_configured(cfg.model)
     learner = Learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     start_step = 0
     if plan.resume_from is not None:

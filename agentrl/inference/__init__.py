@@ -20,17 +20,14 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
 def make_engine(cfg: Config) -> InferenceEngine:
     """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
-    from agentrl.config import ModelConfig
-    from agentrl.models import resolve_model
+    from agentrl.models import resolve_configured
 
     kind = cfg.engine.kind
     if kind == "openai":  # the server owns the model; cfg.model.name is the served model name
         from agentrl.inference.openai import OpenAIEngine
 
         return OpenAIEngine(cfg.engine.base_url, cfg.model.name, api_key=cfg.engine.api_key)
-    # The default cache_dir defers to $AGENTRL_CACHE; a cache_dir set in the config wins.
-    cache_dir = None if cfg.model.cache_dir == ModelConfig.cache_dir else cfg.model.cache_dir
-    path = resolve_model(cfg.model.name, cache_dir)
+    path = resolve_configured(cfg.model)
     if kind == "hf":
         from agentrl.inference.hf import HFEngine
 
