@@ -127,3 +127,20 @@ def fake_engine(seed: int = 0) -> FakeEngine:
     from agentrl.models import load_tokenizer, resolve_model
 
     return FakeEngine(load_tokenizer(resolve_model("smollm2-135m")), seed=seed)
+
+
+def kill_first_busy_worker(system: Any, kill: Any, killed: dict[str, Any]) -> Any:
+    """A step callback that, once, kills the first worker holding trajectories (`kill(handle)`:
+    task cancel locally, `ray.kill` on Ray) and records its name and the ids it lost."""
+
+    async def on_step(rec: dict[str, Any]) -> None:
+        if killed:
+            return
+        for name, w in system.workers.items():
+            if (await w.load()).n_reqs > 0:
+                killed["name"] = name
+                killed["lost"] = [e.traj_id for e in await system.partial.of_worker(name)]
+                await kill(w)
+                return
+
+    return on_step

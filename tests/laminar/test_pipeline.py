@@ -10,7 +10,15 @@ from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
 
-from .helpers import FakeEngine, FakeLearner, check_single_version, make_env, small_config, tail_tasks
+from .helpers import (
+    FakeEngine,
+    FakeLearner,
+    check_single_version,
+    kill_first_busy_worker,
+    make_env,
+    small_config,
+    tail_tasks,
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +73,8 @@ async def test_laminar_versions_advance_single_version_and_repack(tokenizer):
 async def test_fault_worker_killed_mid_run(tokenizer):
     _cfg, system, _engines, rt = await _system(tokenizer, tasks=tail_tasks(2, long_turns=12, tool_s=0.1))
     learner = FakeLearner(train_s=0.3)
-    killed = {}
-
-    async def kill_busy_worker(rec):
-        if killed:
-            return
-        for name, w in system.workers.items():
-            if (await w.load()).n_reqs > 0:
-                killed["name"] = name
-                killed["lost"] = [e.traj_id for e in await system.partial.of_worker(name)]
-                await rt.kill(w)
-                return
+    killed: dict = {}
+    kill_busy_worker = kill_first_busy_worker(system, rt.kill, killed)
 
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=8, batch_groups=2,

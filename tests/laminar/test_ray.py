@@ -16,7 +16,15 @@ from agentrl.laminar.runtime import RayRuntime  # noqa: E402
 from agentrl.models import resolve_model  # noqa: E402
 from agentrl.trainer.learner import Learner  # noqa: E402
 
-from .helpers import FakeLearner, check_single_version, fake_engine, make_env, small_config, tail_tasks  # noqa: E402
+from .helpers import (  # noqa: E402
+    FakeLearner,
+    check_single_version,
+    fake_engine,
+    kill_first_busy_worker,
+    make_env,
+    small_config,
+    tail_tasks,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -66,17 +74,8 @@ async def test_ray_fault_worker_actor_killed(runtime):
     system = await build_system(cfg, make_env, tail_tasks(2, long_turns=12, tool_s=0.1), engines, runtime,
                                 shuffle_prompts=False)
     learner = FakeLearner(train_s=0.3)
-    killed = {}
-
-    async def kill_busy_worker(rec):
-        if killed:
-            return
-        for name, w in system.workers.items():
-            if (await w.load()).n_reqs > 0:
-                killed["name"] = name
-                killed["lost"] = [e.traj_id for e in await system.partial.of_worker(name)]
-                await runtime.kill(w)  # ray.kill
-                return
+    killed: dict = {}
+    kill_busy_worker = kill_first_busy_worker(system, runtime.kill, killed)  # ray.kill on Ray
 
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=8, batch_groups=2,
