@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make train   — set up (idempotent) and train on the embedded model: agentrl train --env $(ENV)
 #   make test    — set up (idempotent) and run the whole test suite
+# VENV picks the virtual environment both use (CI trains on its own, .venv-train, to prove that
+# `make train`'s set-up alone is enough).
 ENV ?= swe
 ARGS ?=
 VENV ?= .venv
@@ -9,16 +11,16 @@ VENV ?= .venv
 
 setup:
 	@scripts/system_deps.sh
-	@scripts/setup.sh
+	@AGENTRL_VENV=$(VENV) scripts/setup.sh
 
 train: setup
 	$(VENV)/bin/agentrl train --env $(ENV) $(ARGS)
 
 test:
-	@scripts/test.sh $(ARGS)
+	@AGENTRL_VENV=$(VENV) scripts/test.sh $(ARGS)
 
 bench: setup
-	@scripts/setup.sh --test
+	@AGENTRL_VENV=$(VENV) scripts/setup.sh --test
 	$(VENV)/bin/python bench/run_all.py
 
 lint:

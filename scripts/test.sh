@@ -3,6 +3,7 @@
 # engine and base sandbox image when it can, and runs the whole suite. Extra args go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+VENV=${AGENTRL_VENV:-.venv}
 
 scripts/system_deps.sh --docker || exit 1
 scripts/setup.sh --test || exit 1
@@ -11,7 +12,7 @@ if [ "$(id -u)" = 0 ]; then
   export AGENTRL_REQUIRE_DOCKER=${AGENTRL_REQUIRE_DOCKER:-1}
 fi
 
-.venv/bin/python -m pytest -q -ra --durations=25 "$@"
+"$VENV/bin/python" -m pytest -q -ra --durations=25 "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "[test] pytest collected no tests: failing on purpose"
