@@ -117,8 +117,10 @@ def _cleanup(host_dir: Path, procs: list[subprocess.Popen[bytes]]) -> None:
 class LocalSandbox(AgentSandbox):
     """A bubblewrap sandbox on this host (starts in tens of milliseconds)."""
 
-    def __init__(self, limits: Limits | None = None, *, tmp_root: str | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, *, tmp_root: str | None = None,
+                 ro_binds: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(limits)
+        self.ro_binds = tuple(ro_binds)  # (host path, sandbox path): extra read-only mounts (SWE task runtimes)
         self._check_binaries()
         # the pid in the name lets admin.prune_local_dirs() spot dirs of dead processes
         self._host_dir = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=tmp_root))
@@ -157,7 +159,8 @@ class LocalSandbox(AgentSandbox):
         prefix = list(_SETPRIV) if self._uid is not None else []
         return [*prefix, "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
                 *_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--bind", str(self._host_dir), WORKDIR, "--remount-ro", "/", "--chdir", WORKDIR, *uid_args, "--",
+                "--bind", str(self._host_dir), WORKDIR, *[a for src, dst in self.ro_binds for a in ("--ro-bind", src, dst)],
+                "--remount-ro", "/", "--chdir", WORKDIR, *uid_args, "--",
                 "prlimit", f"--nproc={self.limits.pids}", "--core=0", "--", "python3", *AGENT_ARGS]
 
     def _command(self, argv: list[str], timeout: float) -> list[str]:
