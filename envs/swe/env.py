@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from agentrl.parsing import ParseResult
 from agentrl.tools import bash, state_get, str_replace_editor, submit
 from agentrl.types import Task
 
+from . import runtime as rt
 from .grade import GIT, ValidationCache, grade, prepare_repo, validate_tasks
 from .schema import builtin_tasks, load_tasks
 from .synth import ensure_task_image
@@ -86,6 +88,8 @@ class SWEEnv(ToolEnv):
         self._valid: list[Task] | None = None
         self.rejected: list[tuple[str, str]] = []
         self._pools: dict[str, Any] = {}
+        self._router: _TaskPools | None = None
+        self._template_cache: tuple[type, Any] | bool | None = False  # False: not looked up yet
 
     # -- tasks ------------------------------------------------------------------------------------
 
@@ -107,8 +111,10 @@ class SWEEnv(ToolEnv):
     async def _validate_all(self, tasks: list[Task]) -> list[Task]:
         cache = ValidationCache(self.validation_cache)
         valid: list[Task] = []
-        for image in sorted({self._image(t) for t in tasks}):
-            group = [t for t in tasks if self._image(t) == image]
+        if await self._template() is not None:
+            await asyncio.to_thread(self.prepare_runtimes, tasks)
+        for key in sorted({self._sandbox_key(t) for t in tasks}):
+            group = [t for t in tasks if self._sandbox_key(t) == key]
             try:
                 sandbox = await self._new_sandbox(group[0])
             except RuntimeError as e:  # e.g. a docker image that cannot be built
@@ -122,7 +128,44 @@ class SWEEnv(ToolEnv):
             self.rejected += bad
         return sorted(valid, key=lambda t: t["instance_id"])
 
-    # -- sandboxes: one pool per task image on docker ---------------------------------------------
+    def prepare_runtimes(self, tasks: list[Task], log: Any = print) -> None:
+        """Build the task runtimes (runtime.py) that are missing, saying so: on a fresh machine
+        this is what `train --env swe` does before the first rollout."""
+        missing = [s for s in rt.task_specs(tasks) if rt.find_runtime(s) is None]
+        if not missing:
+            return
+        log(f"[agentrl] swe: building {len(missing)} task runtime(s) (pytest + each package's dependencies; "
+            f"once, cached in {rt.runtime_root()})", flush=True)
+        report = rt.ensure_runtimes(tasks)
+        failed = "; ".join(f"{k}: {v}" for k, v in report.failed.items())
+        log(f"[agentrl] swe: {len(report.built)} task runtime(s) built in {report.seconds:.0f}s"
+            + (f"; failed (their tasks are rejected): {failed}" if failed else ""), flush=True)
+
+    # -- sandboxes: local backends mount the task's runtime; docker uses the task's image ---------
+
+    async def _template(self) -> tuple[type, Any] | None:
+        """(class, limits) of the bubblewrap/process sandboxes this env makes with a task runtime
+        mounted: those of the shared pool's sandboxes, else of `sandbox_config`. None on docker."""
+        if self._template_cache is False:
+            from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox
+
+            factory = getattr(self.sandbox_pool, "factory", None)
+            if callable(factory):
+                probe = factory()
+                probe = await probe if inspect.isawaitable(probe) else probe
+                cls, limits = type(probe), getattr(probe, "limits", None)
+                await probe.close()  # never started: only its temp dir to remove
+            else:
+                cfg = self._sandbox_cfg()
+                cls = {"local": LocalSandbox, "process": ProcessSandbox}.get(cfg.backend, type(None))
+                limits = Limits.from_config(cfg)
+            self._template_cache = (cls, limits) if issubclass(cls, LocalSandbox) and limits else None
+        return self._template_cache or None
+
+    def _sandbox_key(self, task: Task) -> str:
+        """Tasks with the same key can share a sandbox: same image (docker), same runtime (local)."""
+        return f"{self._image(task)}|{rt.spec_of(task).name}"
+
 
     def _sandbox_cfg(self) -> Any:
         from agentrl.config import SandboxConfig
@@ -134,24 +177,43 @@ class SWEEnv(ToolEnv):
         return (task.get("image") or cfg.image) if cfg.backend == "docker" else cfg.image
 
     async def get_pool(self) -> Any:
-        """The pool for the current task's image (a shared `sandbox_pool` if one was given)."""
+        """A shared `sandbox_pool` if one was given (the task runtime is then uploaded into its
+        sandboxes), else this env's pools, one per task image (docker) or runtime (local), picked by
+        the current task when a sandbox is taken."""
         if self.sandbox_pool is not None:
             return self.sandbox_pool
-        image = self._image(self.task or {})
-        if image not in self._pools:
-            from agentrl.sandboxes import make_pool
+        if self._router is None:
+            self._router = _TaskPools(self)
+        return self._router
 
-            if self._sandbox_cfg().backend == "docker" and self.task is not None:
-                await asyncio.to_thread(ensure_task_image, self.task, self._sandbox_cfg().image)
+    async def _pool_for(self, task: Task) -> Any:
+        from agentrl.sandboxes import SandboxPool, make_pool
 
-            cfg = replace(self._sandbox_cfg(), image=image)
-            self._pools[image] = make_pool(cfg, size=1, name=f"swe-{_short_hash(image)}")
-        return self._pools[image]
+        key = self._sandbox_key(task)
+        if key not in self._pools:
+            template = await self._template()
+            if template is not None:
+                cls, limits = template
+                runtime = await asyncio.to_thread(rt.task_runtime, task, print)
+                self._pools[key] = SandboxPool(lambda: rt.sandbox_with_runtime(cls, limits, runtime), 1,
+                                               name=f"swe-{_short_hash(key)}")
+            else:
+                if self._sandbox_cfg().backend == "docker":
+                    await asyncio.to_thread(ensure_task_image, task, self._sandbox_cfg().image)
+                cfg = replace(self._sandbox_cfg(), image=self._image(task))
+                self._pools[key] = make_pool(cfg, size=1, name=f"swe-{_short_hash(key)}")
+        return self._pools[key]
 
     async def _new_sandbox(self, task: Task) -> Any:
         """A sandbox the agent never touched (grading, validation): from the shared pool's
         factory when the env was given a pool, else of the configured backend and the task's image
         (built first if a docker engine lacks it)."""
+        template = await self._template()
+        if template is not None:  # bubblewrap/process: a fresh sandbox with the task runtime mounted
+            cls, limits = template
+            runtime = await asyncio.to_thread(rt.task_runtime, task, print)
+            limits = replace(limits, timeout_s=max(limits.timeout_s, self.test_timeout_s))
+            return rt.sandbox_with_runtime(cls, limits, runtime)
         factory = getattr(self.sandbox_pool, "factory", None)
         if callable(factory):
             return factory()
@@ -212,6 +274,26 @@ class SWEEnv(ToolEnv):
             "patch_applied": float(ev.applied) if ev else 0.0,
             "test_edits_dropped": float(len(ev.dropped)) if ev else 0.0,
         }
+
+
+class _TaskPools:
+    """What an env without a shared pool hands out as its pool: each `get` takes a sandbox from
+    the pool of the env's current task (its image or runtime), and `put` returns it there."""
+
+    def __init__(self, env: SWEEnv) -> None:
+        self.env = env
+        self._owner: dict[int, Any] = {}
+
+    async def get(self, timeout: float | None = None) -> Any:
+        if self.env.task is None:
+            raise RuntimeError("SWEEnv: a sandbox is taken for the current task; call reset() first")
+        pool = await self.env._pool_for(self.env.task)
+        lease = await pool.get(timeout)
+        self._owner[id(lease)] = pool
+        return lease
+
+    async def put(self, lease: Any) -> None:
+        await self._owner.pop(id(lease)).put(lease)
 
 
 def _split_of(task: Task) -> str:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import re
 import shlex
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,6 +28,7 @@ from typing import Any, Literal
 
 from agentrl.sandboxes.base import Sandbox
 
+from .runtime import provide_runtime
 from .schema import resolve_source
 
 AGENTRL_DIR = ".agentrl"  # agentrl's files inside the work dir; listed in .git/info/exclude
@@ -36,7 +36,6 @@ GIT = "git -c user.name=agentrl -c user.email=agentrl@localhost -c core.fileMode
 PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
                              "sitecustomize.py", "usercustomize.py", "noxfile.py"})
 TEST_DIRS = frozenset({"test", "tests", "testing"})
-PYTEST_LIBS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
 # Never part of the agent's diff: agentrl's files, and what running tools leaves in HOME (= work dir).
 GIT_EXCLUDE = (f"/{AGENTRL_DIR}/", "/.local/", "/.cache/", "/.config/", "/.*_history", "__pycache__/", "*.pyc",
                ".pytest_cache/")
@@ -107,29 +106,6 @@ def filter_patch(patch: str, task: dict[str, Any] | None = None) -> tuple[str, l
 # ---------------------------------------------------------------------------------------------
 
 
-def pytest_site() -> Path:
-    """A host folder holding pytest and its pure-Python dependencies, copied from this interpreter,
-    uploaded into sandboxes whose Python has no pytest (the local backend sees the host's /usr
-    but not this virtualenv)."""
-    import pytest
-
-    src = Path(pytest.__file__).resolve().parent.parent
-    dest = Path("~/.cache/agentrl/swe").expanduser() / f"pytest-site-{pytest.__version__}"
-    if not dest.exists():
-        tmp = dest.with_name(dest.name + f".tmp{time.monotonic_ns()}")
-        tmp.mkdir(parents=True)
-        for name in PYTEST_LIBS:
-            if (src / name).is_dir():
-                shutil.copytree(src / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
-            elif (src / name).exists():
-                shutil.copy2(src / name, tmp / name)
-        try:
-            tmp.rename(dest)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
 async def _sh(sandbox: Sandbox, cmd: str, timeout: float = 60.0, what: str = "") -> str:
     r = await sandbox.exec(cmd, timeout=timeout)
     if not r.ok:
@@ -143,7 +119,7 @@ async def prepare_repo(sandbox: Sandbox, task: dict[str, Any], *, commit: bool =
 
     The source archive is unpacked (top folder stripped), the task's `bug_patch` applied (for
     synthesised tasks) and, if `commit`, everything committed so `git diff` shows the agent's
-    changes only. pytest is made importable if the image lacks it.
+    changes only. pytest and the package's dependencies come from the task runtime (runtime.py).
     """
     archive = await asyncio.to_thread(resolve_source, task)  # may download an sdist
     await _sh(sandbox, f"mkdir -p {AGENTRL_DIR}")  # made inside, so the sandbox user owns it
@@ -158,9 +134,7 @@ async def prepare_repo(sandbox: Sandbox, task: dict[str, Any], *, commit: bool =
         await _sh(sandbox, f"cp -a {shlex.quote(repo_dir)}/. .", what=f"copying the repo from {repo_dir}")
     if task.get("bug_patch"):
         await _apply(sandbox, task["bug_patch"], "bug")
-    probe = await sandbox.exec("python3 -c 'import pytest'", timeout=30)
-    if not probe.ok:
-        await sandbox.upload(str(await asyncio.to_thread(pytest_site)), f"{AGENTRL_DIR}/site")
+    await provide_runtime(sandbox, task, f"{AGENTRL_DIR}/site")  # the task runtime, never agentrl's venv
     await _sh(sandbox, _USER_SITE.format(pth=" ".join(f'"$PWD/{p}"' for p in
                                                       task["environment_setup"].get("pythonpath", []))),
               what="installing pytest in the user site")
@@ -170,14 +144,14 @@ async def prepare_repo(sandbox: Sandbox, task: dict[str, Any], *, commit: bool =
                            f"&& {GIT} add -A && {GIT} commit -qm base --no-verify", what="git init")
 
 
-# So the agent's own `python3 -m pytest` works too: pytest (if uploaded) and the repo's import
+# So the agent's own `python3 -m pytest` works too: an uploaded runtime and the repo's import
 # path go into Python's user site, when the sandbox's Python has one (HOME is the work dir on
 # the local backend; docker images get PYTHONPATH at build time instead).
 _USER_SITE = (
     "us=$(python3 -c 'import site; print(site.getusersitepackages() if site.ENABLE_USER_SITE else \"\")'); "
     "if [ -n \"$us\" ] && mkdir -p \"$us\" 2>/dev/null; then "
-    f"if [ -d {AGENTRL_DIR}/site ]; then cp -r {AGENTRL_DIR}/site/. \"$us\"/; fi; "
-    "printf '%s\\n' {pth} > \"$us/agentrl-repo.pth\"; fi"
+    f"site=; if [ -d {AGENTRL_DIR}/site ]; then site=\"$PWD/{AGENTRL_DIR}/site\"; fi; "
+    "printf '%s\\n' $site {pth} > \"$us/agentrl-repo.pth\"; fi"
 )
 
 
