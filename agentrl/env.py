@@ -141,6 +141,14 @@ class Env(gym.Env):
         (the trajectory keeps 0). Without this, running out of context could beat a bad ending."""
         return None
 
+    async def demonstrate(self, task: Task) -> list[str]:
+        """Optional: an expert's actions for `task` (assistant texts in the env's own tool-call
+        format) that reach the env's best reward when played in order. `agentrl sft` and the
+        warm start play them through the real env and rollout engine (agentrl/demos.py).
+        Built-in envs also take `seed=` to vary the path; an env without demonstrations keeps
+        this default and works everywhere else."""
+        raise NotImplementedError(f"{type(self).__name__} has no demonstrations (define async demonstrate(task))")
+
     def tasks(self, split: str = "train") -> Sequence[Task]:
         """The tasks of `split`; `reset()` without options picks one with its seeded RNG."""
         raise NotImplementedError(f"{type(self).__name__} defines no tasks(); pass reset(options={{'task': ...}})")
@@ -504,6 +512,15 @@ class ToolEnv(Env):
             await source.put(sandbox)
 
 
+def has_demonstrations(env: Any) -> bool:
+    """Whether `env` (or the env a wrapper delegates to) overrides `Env.demonstrate`."""
+    inner = getattr(env, "inner", None)
+    if inner is not None and type(env).demonstrate is not Env.demonstrate and getattr(env, "_delegates_demos", False):
+        return has_demonstrations(inner)
+    method = getattr(type(env), "demonstrate", None)
+    return method is not None and method is not Env.demonstrate
+
+
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -618,5 +635,5 @@ for _name, _target in BUILTIN_ENVS.items():
 
 __all__ = [
     "BUILTIN_ENVS", "CallOutcome", "Env", "EnvError", "EpisodeOverError", "TextSpace", "ToolEnv",
-    "gym_id", "list_envs", "load_entry_point", "make", "register", "registry",
+    "gym_id", "has_demonstrations", "list_envs", "load_entry_point", "make", "register", "registry",
 ]

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import random
 import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentrl.env import ToolEnv
@@ -318,21 +320,10 @@ def load_tasks(source: str = "procedural", split: str = "train", difficulty: int
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
-# Runs in the sandbox. The nonce comes on stdin and is read before the solution is imported, so a
-# submission that exits early (sys.exit(0), os._exit(0)) cannot pass: only a run that reaches the
-# end prints it. The solution is imported as a module, so its `if __name__ == "__main__":` block
-# does not run.
-GRADER = """\
-import importlib.util, sys
-nonce = sys.stdin.readline().strip()
-spec = importlib.util.spec_from_file_location("solution", "solution.py")
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-namespace = vars(module)
-exec(compile(open("hidden_tests.py").read(), "hidden_tests.py", "exec"), namespace)
-namespace["check"](namespace[sys.argv[1]])
-print(nonce)
-"""
+# The in-sandbox grader (envs/code_grader.py): the hidden tests run in a non-dumpable process that
+# holds the nonce; the submission runs in a child process and answers `candidate(...)` calls as plain
+# data over a private pipe. See that module's docstring for what this defends against.
+GRADER = (Path(__file__).parent / "code_grader.py").read_text()
 
 
 def extract_code(text: str) -> str:
@@ -379,15 +370,26 @@ class GradeOutcome:
 
 
 async def run_hidden_tests(sandbox: Sandbox, task: Task, submission: str, timeout: float = 10.0) -> GradeOutcome:
-    """Run the task's hidden tests on `submission` in `sandbox` (which should be fresh)."""
+    """Run the task's hidden tests on `submission` in `sandbox` (which should be fresh). Only the
+    submission goes to disk; the tests, the prompt's helpers and the nonce travel on the grader's
+    stdin, out of the submission's reach."""
     nonce = secrets.token_hex(16)
     await sandbox.write_file("solution.py", solution_program(task, submission))
-    await sandbox.write_file("hidden_tests.py", task["tests"])
-    await sandbox.write_file("grader.py", GRADER)
-    result = await sandbox.exec(["python3", "grader.py", task["entry_point"]], timeout=timeout, stdin=nonce + "\n")
+    spec = {"nonce": nonce, "tests": task["tests"], "source": GRADER,
+            "helpers": _without_function(task["prompt"], task["entry_point"]) if _parses(task["prompt"]) else ""}
+    result = await sandbox.exec(["python3", "-I", "-c", GRADER, "grade", task["entry_point"]], timeout=timeout,
+                                stdin=json.dumps(spec) + "\n")
     lines = result.stdout.strip().splitlines()
     passed = result.ok and bool(lines) and lines[-1] == nonce
     return GradeOutcome(passed, (result.stdout + result.stderr)[-2000:], result.timed_out)
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +452,12 @@ class CodeEnv(ToolEnv):
                 state_set(self.state, "implicit_submit", True)
                 action = parser.format_call(ToolCall("submit", {"answer": code}))
         return await super().astep(action)
+
+    async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
+        """Reference solution → python tool on the example → submit (envs/code_demos.py)."""
+        from agentrl.envs.code_demos import code_demonstration
+
+        return code_demonstration(task, self.tool_parser.format_call, seed)
 
     async def reward(self, task: Task, state: Any) -> dict[str, float]:
         answer = state_get(state, "answer") if state_get(state, "submitted", False) else None

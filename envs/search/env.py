@@ -107,6 +107,12 @@ class SearchEnv(ToolEnv):
     def user_prompt(self, task: Task) -> str:
         return f"Question: {task['question']}"
 
+    async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
+        """The question's retrieval path, then the answer (envs/search/demos.py)."""
+        from agentrl.envs.search.demos import search_demonstration
+
+        return search_demonstration(task, self.tool_parser.format_call, seed)
+
     async def reward(self, task: Task, state: Any) -> dict[str, float]:
         given = state_get(state, "answer") if state_get(state, "submitted", False) else None
         if given is None:

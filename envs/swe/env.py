@@ -251,6 +251,12 @@ class SWEEnv(ToolEnv):
         a = self.step_alpha
         return {"valid_call": a * valid, "edit_applied": a * edited, "tests_run": a * tested}
 
+    async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
+        """Failing test → view → gold hunks via the editor → tests → submit (envs/swe/demos.py)."""
+        from .demos import swe_demonstration
+
+        return swe_demonstration(task, self.tool_parser.format_call, self.max_turns, seed)
+
     async def submission(self) -> str:
         """The agent's work as a diff against the base commit (new files included)."""
         r = await self.sandbox.exec(f"{GIT} add -A && {GIT} -c core.quotepath=off diff --cached --binary HEAD",
