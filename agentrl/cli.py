@@ -64,10 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("swe", help="SWE task tools")
     swe_sub = p.add_subparsers(dest="swe_command", metavar="SWE_COMMAND")
-    # `swe synth|validate ...` hand their own arguments to agentrl.envs.swe.synth (see main()).
+    # `swe synth|validate|build|stats ...` hand their own arguments to agentrl.envs.swe.synth (see main()).
     swe_sub.add_parser("synth", help="synthesise SWE tasks from a real package by bug injection "
                                      "(--package NAME==VERSION [--max-tasks N] [--out FILE] [--validate])")
     swe_sub.add_parser("validate", help="check that every task's gold patch scores 1 and the empty patch 0")
+    swe_sub.add_parser("build", help="prepare the task runtimes of a task set once ([--tasks FILE] [--backend docker])")
+    swe_sub.add_parser("stats", help="count tasks by package, split and operator ([--tasks FILE] [--json])")
 
     p = sub.add_parser("report", help="write PNG plots and an HTML summary for a run")
     p.add_argument("run_dir")
@@ -171,7 +173,7 @@ COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "envs": _cmd_envs, "env": _c
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"]):
+    if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"], ["build"], ["stats"]):
         from agentrl.envs.swe.synth import main as synth_main
 
         return synth_main(argv[1:])

@@ -405,16 +405,26 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="check gold patch = 1 and empty patch = 0 for every task")
     v.add_argument("file", nargs="?", default=None, help="task file (default: the shipped tasks)")
     v.add_argument("--no-cache", action="store_true")
-    for p in (s, v):
+    b = sub.add_parser("build", help="prepare the task runtimes (local venvs / docker images) of a task set")
+    b.add_argument("--tasks", default=None, help="task file (default: the shipped tasks)")
+    b.add_argument("--workers", type=int, default=2, help="runtimes built in parallel")
+    st = sub.add_parser("stats", help="count tasks by package, split and mutation operator")
+    st.add_argument("--tasks", default=None, help="task file (default: the shipped tasks)")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    for p in (s, v, b):
         p.add_argument("--backend", choices=["local", "docker"], default="local")
         p.add_argument("--base-image", default="agentrl-base:bookworm")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    if not argv or argv[0] not in ("synth", "validate", "-h", "--help"):
+    if not argv or argv[0] not in ("synth", "validate", "build", "stats", "-h", "--help"):
         argv = ["synth", *argv]  # `agentrl swe synth` passes the arguments after "synth"
     args = parser.parse_args(argv)
     try:
+        if args.cmd in ("build", "stats"):
+            from .commands import build_cli, stats_cli
+
+            return build_cli(args) if args.cmd == "build" else stats_cli(args)
         if args.cmd == "synth":
             return asyncio.run(_synth_cli(args))
         return asyncio.run(_validate_cli(args))
