@@ -269,7 +269,9 @@ def ensure_runtimes(tasks: list[dict[str, Any]], *, workers: int = 2, root: Path
         return spec, "built", ""
 
     with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-        for spec, status, why in pool.map(one, sorted(specs, key=lambda s: s.name)):
+        futures = [pool.submit(one, s) for s in sorted(specs, key=lambda s: s.name)]
+        for future in concurrent.futures.as_completed(futures):
+            spec, status, why = future.result()
             {"built": report.built, "cached": report.cached}.get(status, []).append(spec.name)
             if status == "failed":
                 report.failed[spec.name] = why
