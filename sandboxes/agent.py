@@ -1,21 +1,31 @@
 """The in-sandbox agent: runs commands on request, so an exec costs a fork, not a new sandbox.
 
 Every backend starts one per sandbox (its source is the first line on stdin, see
-agent_sandbox.AGENT_ARGS): inside bubblewrap, as a container's PID 1, or as a plain process. Requests arrive as JSON lines on stdin, answers leave as
-JSON lines on stdout (both carry an `id`; requests are served concurrently, one thread each):
+agent_sandbox.AGENT_ARGS): inside bubblewrap, as a container's PID 1, or as a plain process.
+Requests arrive as JSON lines on stdin, answers leave as JSON lines on stdout (both carry an
+`id`; requests are served concurrently, one thread each):
 
     {"id": 1, "op": "exec", "argv": [...], "cwd": "/work", "env": {...}, "stdin": b64|null,
      "timeout": 10.0, "cap": 1000000}
       -> {"id": 1, "stdout": b64, "stderr": b64, "out_omitted": n, "err_omitted": n,
           "exit_code": 0, "timed_out": false}
     {"id": 2, "op": "reset", "wipe": ["/work", "/tmp"], "kill_all": true}  -> {"id": 2, "ok": true}
-    {"id": 3, "op": "ping"}  -> {"id": 3, "ok": true}
+    {"id": 3, "op": "ping"}  -> {"id": 3, "ok": true, "pid": 1}
+
+The line after the source is {"token": ..., "restore": bool}: a token only the host and this
+agent know (every answer carries it as "t", so the host can tell its own agent from an impostor),
+and whether to restore the writable tmpfs mounts on reset (never without a mount namespace of its
+own). The agent makes itself non-dumpable (prctl PR_SET_DUMPABLE 0): sandboxed code under the
+same uid then cannot open /proc/<agent>/fd, read its memory or ptrace it, so it can neither read
+nor write the channel.
 
 An exec ends when its command exits, or at its timeout, when its process group is killed; what it
 left in the background keeps running until `reset` but does not hold the exec open. Output past
 `cap` bytes per stream is counted, not kept. `reset` kills every other process in the sandbox's
 pid namespace (`kill_all`; only the process groups it started when there is no namespace) and
-empties the `wipe` dirs. When it is PID 1 it also reaps orphans. Standard library only.
+empties the `wipe` dirs, removes SysV IPC objects, and puts every other writable tmpfs it saw at
+start-up (/dev, /dev/shm, /dev/mqueue, ...) back to the entries it had then. When it is PID 1 it
+also reaps orphans. Standard library only.
 """
 
 import base64
@@ -36,10 +46,13 @@ _write_lock = threading.Lock()
 _ours: set = set()  # pids of the commands we started (their threads reap them)
 _groups: set = set()  # process groups we started, for reset without a pid namespace
 _ours_lock = threading.Lock()
+_token = ""  # set from the host's second line
+_baseline: dict = {}  # writable tmpfs mount point -> the paths it held at start-up
+VOLATILE_FS = ("tmpfs", "shm", "mqueue")
 
 
 def reply(message: dict) -> None:
-    data = (json.dumps(message) + "\n").encode()
+    data = (json.dumps({**message, "t": _token}) + "\n").encode()
     with _write_lock:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
@@ -132,24 +145,87 @@ def kill_group(pgid: int) -> None:
 
 
 def _force(func, path, _exc) -> None:
-    """rmtree error hook: make what sandboxed code locked (e.g. mode 000) removable, then retry."""
-    with contextlib.suppress(OSError):
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700)
+    """rmtree error hook: make what sandboxed code locked (e.g. mode 000) removable, then retry.
+    Never chmods through a symlink."""
+    for p in (os.path.dirname(path), path):
+        if not os.path.islink(p):
+            with contextlib.suppress(OSError):
+                os.chmod(p, 0o700)
     with contextlib.suppress(OSError):
         func(path)
 
 
+def remove(full: str) -> None:
+    if os.path.isdir(full) and not os.path.islink(full):
+        with contextlib.suppress(OSError):
+            os.chmod(full, 0o700)
+        shutil.rmtree(full, onerror=_force)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(full)
+
+
 def wipe(path: str) -> None:
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isdir(full) and not os.path.islink(full):
-            with contextlib.suppress(OSError):
-                os.chmod(full, 0o700)
-            shutil.rmtree(full, onerror=_force)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(full)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(path):
+            remove(os.path.join(path, name))
+
+
+def writable_tmpfs() -> list:
+    """Mount points of the writable in-memory file systems this sandbox sees."""
+    found = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fields, fs = pre.split(), post.split()
+            if fs and fs[0] in VOLATILE_FS and "rw" in fields[5].split(","):
+                found.append(fields[4].replace("\\040", " "))
+    return found
+
+
+def entries(top: str) -> set:
+    """Every path under `top` on the same file system, not following symlinks."""
+    seen = set()
+    with contextlib.suppress(OSError):
+        dev = os.lstat(top).st_dev
+        for root, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if os.lstat(os.path.join(root, d)).st_dev == dev]
+            seen.update(os.path.join(root, n) for n in dirs + files)
+    return seen
+
+
+def snapshot() -> None:
+    """Remember what each writable tmpfs holds at start-up."""
+    for top in writable_tmpfs():
+        _baseline[top] = entries(top)
+
+
+def restore(wiped: list) -> None:
+    """Remove whatever appeared in a snapshotted tmpfs since start-up (deepest first); the wiped
+    dirs were emptied already."""
+    for top, before in _baseline.items():
+        if top in wiped:
+            continue
+        for path in sorted(entries(top) - before, key=len, reverse=True):
+            if os.path.lexists(path):
+                remove(path)
+
+
+def drop_ipc() -> None:
+    """SysV shared memory, queues and semaphores outlive their processes: remove them."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["ipcrm", "--all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5)
+
+
+def undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0); whether it took."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0
+    except Exception:
+        return False
 
 
 def reset(wipe_dirs: list, kill_all: bool) -> None:
@@ -166,8 +242,11 @@ def reset(wipe_dirs: list, kill_all: bool) -> None:
     time.sleep(0.01)
     if os.getpid() == 1:
         reap_orphans()
+    if kill_all:
+        drop_ipc()
     for path in wipe_dirs:
         wipe(path)
+    restore(wipe_dirs)
 
 
 def serve(line: bytes) -> None:
@@ -181,12 +260,21 @@ def serve(line: bytes) -> None:
             reset(req.get("wipe", []), bool(req.get("kill_all")))
             reply({"id": req["id"], "ok": True})
         else:
-            reply({"id": req["id"], "ok": True})
+            reply({"id": req["id"], "ok": True, "pid": os.getpid(), "undumpable": _undumpable})
     except Exception as e:  # answer, never die: PID 1 dying ends the container
         reply({"id": req.get("id"), "error": f"{type(e).__name__}: {e}"})
 
 
+_undumpable = False
+
+
 def main() -> None:
+    global _token, _undumpable
+    boot = json.loads(sys.stdin.buffer.readline())
+    _token = boot["token"]
+    _undumpable = undumpable()
+    if boot.get("restore"):  # only in a sandbox of its own: the tmpfs mounts are the sandbox's
+        snapshot()
     if os.getpid() == 1:
         signal.signal(signal.SIGCHLD, reap_orphans)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

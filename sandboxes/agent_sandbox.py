@@ -16,6 +16,7 @@ import io
 import itertools
 import json
 import os
+import secrets
 import tarfile
 import threading
 import time
@@ -37,6 +38,12 @@ AGENT_ARGS = ("-I", "-u", "-c", "import sys, json; exec(json.loads(sys.stdin.buf
 HOST_GRACE_S = 10.0  # how long past a command's own timeout the host waits for the agent's answer
 FILE_CAP = 64 * 2**20  # read_file / download move at most this much through the agent
 FILE_TIMEOUT_S = 120.0
+LINE_SLACK = 2**20  # bytes an answer may carry beyond its base64 output (fields, error text)
+
+
+def max_line(cap: int) -> int:
+    """The longest answer line an exec with output cap `cap` can produce: both streams in base64."""
+    return 2 * (4 * cap // 3 + 4) + LINE_SLACK
 
 
 @functools.cache
@@ -51,17 +58,25 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 class AgentChannel:
     """Requests to an agent; one reader thread routes the answers to their futures by id.
-    concurrent.futures (not asyncio) futures, so any event loop or thread can wait on them."""
+    concurrent.futures (not asyncio) futures, so any event loop or thread can wait on them.
 
-    def __init__(self, send: Callable[[bytes], None], chunks: Iterator[bytes], close: Callable[[], None]) -> None:
+    Every answer must carry the token sent at boot (only the agent we started read it), and no
+    line may be longer than the largest answer a pending request allows: anything else ends the
+    channel with a clear reason instead of growing host memory."""
+
+    def __init__(self, send: Callable[[bytes], None], chunks: Iterator[bytes], close: Callable[[], None],
+                 restore: bool = True) -> None:
         self._send, self._chunks, self._close = send, chunks, close
         self._ids = itertools.count(1)
         self._pending: dict[int, concurrent.futures.Future[dict[str, Any]]] = {}
+        self._limits: dict[int, int] = {}  # request id -> longest answer line it allows
         self._send_lock = threading.Lock()
+        self._token = secrets.token_hex(16)
         self.dead: str | None = None
         threading.Thread(target=self._read_loop, daemon=True, name="agentrl-sandbox-agent").start()
-        try:
-            self._send((json.dumps(AGENT_SOURCE) + "\n").encode())  # boot the agent (see AGENT_ARGS)
+        try:  # boot the agent (see AGENT_ARGS), then tell it its token
+            boot = json.dumps({"token": self._token, "restore": restore})
+            self._send((json.dumps(AGENT_SOURCE) + "\n" + boot + "\n").encode())
         except (OSError, ValueError) as e:
             self.fail(f"sending the agent its code failed: {e}")
 
@@ -71,6 +86,7 @@ class AgentChannel:
             fut.set_exception(SandboxError(f"sandbox agent is gone: {self.dead}"))
             return fut
         rid = next(self._ids)
+        self._limits[rid] = max_line(int(fields.get("cap") or 0))
         self._pending[rid] = fut
         line = (json.dumps({"id": rid, "op": op, **fields}) + "\n").encode()
         try:
@@ -80,27 +96,49 @@ class AgentChannel:
             self.fail(f"sending to the agent failed: {e}")
         return fut
 
+    def _line_limit(self) -> int:
+        return max(list(self._limits.values()), default=LINE_SLACK)
+
     def _read_loop(self) -> None:
-        buf = b""
+        buf = bytearray()
         try:
             for chunk in self._chunks:
+                start = len(buf)
                 buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    self._deliver(json.loads(line))
+                while (end := buf.find(b"\n", start)) >= 0:
+                    line = bytes(buf[:end])
+                    del buf[:end + 1]
+                    start = 0
+                    if not self._deliver(line):
+                        return
+                if len(buf) > self._line_limit():
+                    self.fail(f"the agent sent a line over {self._line_limit()} bytes without a newline; "
+                              "the channel is closed (flood or impostor)")
+                    return
         except Exception as e:
             self.fail(f"reading from the agent failed: {e!r}")
             return
         self.fail("the agent closed its output (sandbox stopped?)")
 
-    def _deliver(self, message: dict[str, Any]) -> None:
+    def _deliver(self, line: bytes) -> bool:
+        """Route one answer; False (and the channel is dead) when it is not a valid answer."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            self.fail(f"the agent sent a line that is not JSON ({line[:80]!r}...)")
+            return False
+        if not isinstance(message, dict) or message.get("t") != self._token:
+            self.fail("an answer without the agent's token arrived: something else writes to the channel")
+            return False
+        self._limits.pop(message.get("id"), None)  # type: ignore[arg-type]
         fut = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
         if fut is None or fut.done():
-            return
+            return True
         if "error" in message:
             fut.set_exception(SandboxError(f"sandbox agent error: {message['error']}"))
         else:
             fut.set_result(message)
+        return True
 
     def fail(self, why: str) -> None:
         self.dead = self.dead or why
@@ -108,6 +146,7 @@ class AgentChannel:
             if not fut.done():
                 fut.set_exception(SandboxError(f"sandbox agent is gone: {self.dead}"))
         self._pending.clear()
+        self._limits.clear()
 
     def close(self) -> None:
         self.fail("channel closed")

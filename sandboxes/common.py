@@ -32,6 +32,7 @@ class Limits:
     pids: int = 64
     max_output_bytes: int = 1_000_000  # per stream (stdout and stderr each)
     file_size_mb: int = 512
+    disk_mb: int = 1024  # size of the /work tmpfs (a quota that holds on every backend)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -42,7 +43,8 @@ class Limits:
     @classmethod
     def from_config(cls, cfg: SandboxConfig) -> Limits:
         return cls(timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, cpus=cfg.cpus, pids=cfg.pids,
-                   max_output_bytes=cfg.max_output_bytes, file_size_mb=cfg.file_size_mb)
+                   max_output_bytes=cfg.max_output_bytes, file_size_mb=cfg.file_size_mb,
+                   disk_mb=getattr(cfg, "disk_mb", cls.disk_mb))
 
     def cpu_seconds(self, timeout: float) -> int:
         """CPU-time rlimit for one exec: the wall-clock budget times the cores, plus a second of slack."""

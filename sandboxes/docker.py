@@ -1,7 +1,8 @@
 """Docker sandboxes through the Docker SDK (any engine the `docker` package can reach).
 
 One long-lived container per sandbox: `--network none`, memory/CPU/pids limits, a read-only root
-filesystem (by default) with an anonymous volume at /work and a tmpfs at /tmp, no new privileges,
+filesystem (by default) with size-capped tmpfs mounts at /work and /tmp, logging off (the engine
+keeps no copy of any output), no new privileges,
 and labels (`agentrl.run_id`, `agentrl.pool`, `agentrl.created`) so `admin.prune` can find leaked
 containers, also those of crashed runs.
 
@@ -56,6 +57,14 @@ def docker_client() -> Any:
     except Exception as e:
         raise SandboxError(f"no Docker engine answers ({e}); start one, e.g. sudo scripts/docker_up.sh") from e
     return client
+
+
+def _reload(container: Any) -> bool:
+    try:
+        container.reload()
+    except Exception:
+        return False
+    return True
 
 
 class DockerSandbox(AgentSandbox):
@@ -119,8 +128,12 @@ class DockerSandbox(AgentSandbox):
             labels={**self.labels, LABEL_CREATED: str(int(time.time()))},
             network_mode="none", mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m",
             nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids, read_only=self.read_only,
-            mounts=[docker.types.Mount(WORKDIR, None, type="volume")],
-            tmpfs={"/tmp": f"rw,exec,nosuid,size={lim.memory_mb}m"}, working_dir=WORKDIR, hostname="sandbox",
+            # /work and /tmp are size-capped tmpfs: the cap is /work's disk quota, and tmpfs pages
+            # are charged to the container's memory cgroup, so neither can outgrow mem_limit
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={lim.memory_mb}m",
+                   WORKDIR: f"rw,exec,nosuid,size={lim.disk_mb}m,mode=755"},
+            working_dir=WORKDIR, hostname="sandbox",
+            log_config=docker.types.LogConfig(type="none"),  # the engine keeps no copy of any output
             environment=self.base_env, security_opt=["no-new-privileges"],
             cap_drop=["NET_RAW", "NET_ADMIN", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"],
             ulimits=[docker.types.Ulimit(name="fsize", soft=lim.file_size_mb * 2**20, hard=lim.file_size_mb * 2**20),
@@ -144,9 +157,10 @@ class DockerSandbox(AgentSandbox):
             channel.request("ping").result(timeout=START_TIMEOUT_S)
         except Exception as e:
             channel.close()
-            logs = container.logs(tail=20).decode(errors="replace")
+            state = container.attrs.get("State", {}) if _reload(container) else {}
             raise SandboxError(f"the sandbox agent in {self.image} did not start ({e}); does the image have "
-                               f"python3? container log:\n{logs}") from e
+                               f"python3? container state: {state.get('Status')}, exit code "
+                               f"{state.get('ExitCode')}, error {state.get('Error')!r}") from e
         return channel
 
     async def reset(self) -> None:

@@ -43,6 +43,7 @@ ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "pas
                "nsswitch.conf", "localtime", "ssl", "ca-certificates", "mime.types", "gitconfig")
 TEMP_PREFIX = "agentrl-sbx-"
 START_TIMEOUT_S = 30.0
+SHM_MB = 64  # /dev/shm, as Docker's default
 _SETPRIV = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
 
 
@@ -84,19 +85,46 @@ def _drop_to_nobody() -> bool:
     return ok
 
 
+def _unlock(path: Path) -> None:
+    """Give the owner rwx on every directory under `path` (sandboxed code may have left mode 000),
+    without ever following a symlink: each entry is opened O_PATH|O_NOFOLLOW and only a directory
+    found that way is chmod-ed, through its own fd."""
+    stack = [str(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            fd = os.open(current, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            if st.st_mode & stat.S_IRWXU != stat.S_IRWXU:
+                os.chmod(f"/proc/self/fd/{fd}", stat.S_IRWXU)  # the dir the fd pins, not a link
+            with os.scandir(current) as it:
+                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
 def _force_rmtree(path: Path) -> None:
-    """rmtree that also removes what the sandbox made unwritable (e.g. a dir with mode 000)."""
-    if not path.exists():
-        return
-
-    def fix(func, p, _exc):  # type: ignore[no-untyped-def]
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
-        with contextlib.suppress(FileNotFoundError):
-            func(p)
-
-    shutil.rmtree(path, onerror=fix)
+    """Remove a tree sandboxed code wrote to, whatever it planted: symlinks are removed, never
+    followed; modes are fixed on the tree's own directories only. Never raises."""
+    try:
+        if not os.path.lexists(path):
+            return
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+            return
+        _unlock(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            log.warning("could not remove sandbox dir %s entirely", path)
+    except Exception as e:  # clean-up must never fail a close()
+        log.warning("removing sandbox dir %s failed: %r", path, e)
 
 
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -157,11 +185,20 @@ class LocalSandbox(AgentSandbox):
     def _agent_argv(self) -> list[str]:
         uid_args = ["--uid", str(NOBODY), "--gid", str(NOBODY)] if os.geteuid() == 0 else []
         prefix = list(_SETPRIV) if self._uid is not None else []
-        return [*prefix, "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-                *_root_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--bind", str(self._host_dir), WORKDIR, *[a for src, dst in self.ro_binds for a in ("--ro-bind", src, dst)],
-                "--remount-ro", "/", "--chdir", WORKDIR, *uid_args, "--",
+        return [*prefix, "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox",
+                *_root_binds(), "--proc", "/proc", "--dev", "/dev", *self._tmpfs_args(),
+                *[a for src, dst in self.ro_binds for a in ("--ro-bind", src, dst)],
+                "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, *uid_args, "--",
                 "prlimit", f"--nproc={self.limits.pids}", "--core=0", "--", "python3", *AGENT_ARGS]
+
+    def _tmpfs_args(self) -> list[str]:
+        """Size-capped tmpfs mounts for every writable path: /work (disk_mb, the work dir's quota),
+        /tmp (memory_mb) and /dev/shm. They live in host memory and die with the sandbox; /work is
+        not a host dir, so neither its content nor the host's paths are visible outside/inside."""
+        mib = 2**20
+        return ["--perms", "1777", "--size", str(SHM_MB * mib), "--tmpfs", "/dev/shm",
+                "--perms", "1777", "--size", str(self.limits.memory_mb * mib), "--tmpfs", "/tmp",
+                "--perms", "0755", "--size", str(self.limits.disk_mb * mib), "--tmpfs", WORKDIR]
 
     def _command(self, argv: list[str], timeout: float) -> list[str]:
         lim = self.limits
@@ -188,7 +225,8 @@ class LocalSandbox(AgentSandbox):
                 stdin.close()
             _kill_tree(proc)
 
-        channel = AgentChannel(send, iter(lambda: stdout.read1(65536), b""), close)
+        channel = AgentChannel(send, iter(lambda: stdout.read1(65536), b""), close,
+                               restore=self.kill_all_on_reset)
         try:
             channel.request("ping").result(timeout=START_TIMEOUT_S)
         except Exception as e:

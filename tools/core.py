@@ -35,6 +35,7 @@ from agentrl.tools.schema import ArgumentError, coerce, json_schema
 # Extra seconds a tool that enforces its own limit (it takes the injected `timeout`, e.g. a
 # sandbox exec that kills the process group) gets before the outer guard cancels it.
 _SELF_TIMED_GRACE_S = 5.0
+_MAX_ERROR_CHARS = 2000  # an argument error names what was wrong, not all of a huge argument
 
 
 @dataclass
@@ -92,7 +93,10 @@ class Tool:
         try:
             kwargs = self.validate(args)
         except ArgumentError as e:
-            return ToolResult(error=str(e))
+            return ToolResult(error=truncate(str(e), _MAX_ERROR_CHARS))
+        except Exception as e:  # nothing a model sends may raise out of a tool call
+            return ToolResult(error=truncate(f"tool '{self.name}': invalid arguments ({type(e).__name__}: {e})",
+                                             _MAX_ERROR_CHARS))
         kwargs.update({n: injected[n] for n in self.inject if n != "timeout"})
         if "timeout" in self.inject:
             kwargs["timeout"] = limit

@@ -85,18 +85,38 @@ def type_name(hint: Any) -> str:
     return str(hint)
 
 
+def _shown(value: Any) -> str:
+    """A short repr for error messages that cannot itself fail (huge ints, deep nesting, odd objects)."""
+    try:
+        text = repr(value)
+    except Exception:  # e.g. an int past Python's int-to-str digit limit
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def coerce(value: Any, hint: Any, name: str) -> Any:
-    """Return `value` as `hint`, or raise ArgumentError naming `name` and the expected type."""
+    """Return `value` as `hint`, or raise ArgumentError naming `name` and the expected type.
+    Any other failure while converting (digit limits, recursion, overflow) becomes an
+    ArgumentError too, so a model's argument can never raise anything else."""
+    try:
+        return _coerce(value, hint, name)
+    except ArgumentError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
+        raise ArgumentError(f"argument '{name}' must be {type_name(hint)}, got {type(value).__name__} "
+                            f"{_shown(value)} ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
     origin, args = get_origin(hint), get_args(hint)
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    bad = ArgumentError(f"argument '{name}' must be {type_name(hint)}, got {type(value).__name__} {shown}")
+    bad = ArgumentError(f"argument '{name}' must be {type_name(hint)}, got {type(value).__name__} {_shown(value)}")
     if hint is Any:
         return value
     inner = _optional_inner(hint)
     if inner is not None:
         if value is None or (isinstance(value, str) and value.strip() in ("null", "None") and inner is not str):
             return None
-        return coerce(value, inner, name)
+        return _coerce(value, inner, name)
     if value is None:
         raise bad
     if hint is str:
@@ -135,14 +155,14 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
         if not args:
             return value
         if want is list:
-            return [coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
-        return {k: coerce(v, args[1], f"{name}.{k}") for k, v in value.items()}
+            return [_coerce(v, args[0], f"{name}[{i}]") for i, v in enumerate(value)]
+        return {k: _coerce(v, args[1], f"{name}.{k}") for k, v in value.items()}
     if origin is Literal:
         if value in args and type(value) is type(args[0]):
             return value
         if isinstance(value, str) and not isinstance(args[0], str):
             try:
-                converted = coerce(value, type(args[0]), name)
+                converted = _coerce(value, type(args[0]), name)
             except ArgumentError:
                 raise bad from None
             if converted in args:
