@@ -47,6 +47,7 @@ class EngineConfig:
     api_key: str = "EMPTY"
     gpu_memory_utilization: float = 0.5  # vllm
     max_model_len: int = 4096
+    prefix_cache_mb: float = 1024  # hf: finished turns' KV kept for the next turn's prompt; 0 = off
 
 
 @dataclass
@@ -78,6 +79,7 @@ class SandboxConfig:
     pids: int = 64
     max_output_bytes: int = 1_000_000
     file_size_mb: int = 512  # RLIMIT_FSIZE / ulimit fsize inside the sandbox
+    disk_mb: int = 1024  # size cap of the sandbox's /work (a tmpfs; counts against memory on docker)
     read_only_root: bool = True  # docker: False for images whose task files live outside /work (reset recreates)
 
 
@@ -110,6 +112,21 @@ class OverlongConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Supervised warm start before RL (issue 13): cross-entropy on the policy tokens of the
+    env's demonstrations (train split), or of recorded trajectories (`data`, filtered by reward)."""
+
+    enabled: bool = False
+    data: str | None = None  # a JSONL of trajectories (a run's trajectories.jsonl); None: env demonstrations
+    min_reward: float | None = 1.0  # data: keep trajectories with reward >= this (None: all)
+    tasks: int = 32  # train tasks demonstrated
+    per_task: int = 2  # demonstration variants per task (seeds 0..per_task-1)
+    epochs: int = 2
+    lr: float = 5.0e-5
+    batch_size: int = 8  # sequences per optimizer step
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 10
     batch_groups: int = 2  # groups per global batch
@@ -137,6 +154,7 @@ class TrainerConfig:
     max_gen_batches: int = 10
     trm: TRMConfig = field(default_factory=TRMConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     checkpoint_every: int = 5
     seed: int = 0
 
@@ -175,6 +193,18 @@ class LaminarConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation inside training (issue 13): at step 0, after the warm start, every
+    `every` RL steps (0: never in between) and at the end, on `n` tasks of `split`."""
+
+    enabled: bool = False
+    every: int = 0
+    n: int = 32
+    split: str = "test"
+    temperature: float = 0.0  # 0: greedy, so repeated evaluations of the same weights agree
+
+
+@dataclass
 class RunConfig:
     dir: str = "runs"
     name: str | None = None
@@ -197,6 +227,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
     laminar: LaminarConfig = field(default_factory=LaminarConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -374,6 +405,12 @@ def validate(cfg: Config) -> None:
         (0 < cfg.summarize.ratio <= 1, "summarize.ratio must be in (0, 1]"),
         (cfg.laminar.num_workers >= 1, "laminar.num_workers must be >= 1"),
         (cfg.trainer.dual_clip is None or cfg.trainer.dual_clip > 1, "trainer.dual_clip must be > 1"),
+        (cfg.trainer.warm_start.epochs >= 1 and cfg.trainer.warm_start.batch_size >= 1
+         and cfg.trainer.warm_start.tasks >= 1 and cfg.trainer.warm_start.per_task >= 1,
+         "trainer.warm_start.epochs, batch_size, tasks and per_task must be >= 1"),
+        (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
+        (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
+        (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
     ]
     for ok, message in checks:
         if not ok:
