@@ -28,6 +28,7 @@ from agentrl.tools import bash, state_get, str_replace_editor, submit
 from agentrl.types import Task
 
 from . import runtime as rt
+from .datasets import requirements
 from .grade import GIT, ValidationCache, grade, prepare_repo, validate_tasks
 from .schema import builtin_tasks, load_tasks
 from .synth import ensure_task_image
@@ -82,7 +83,10 @@ class SWEEnv(ToolEnv):
         self.task_file = task_file
         self.validate = validate
         self.validation_cache = validation_cache
-        self._all: list[Task] = load_tasks(task_file) if task_file else builtin_tasks()
+        problems: list[str] = []  # bad records: one line each, the other tasks still load
+        self._all: list[Task] = load_tasks(task_file, problems) if task_file else builtin_tasks()
+        for line in problems:
+            print(f"[agentrl] swe: skipped {line}", flush=True)
         if not self._all:
             raise ValueError(f"no SWE tasks found in {task_file or 'envs/swe/data/'}")
         self._valid: list[Task] | None = None
@@ -98,6 +102,8 @@ class SWEEnv(ToolEnv):
             raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
         if self._valid is None:
             self._valid = self._validated(self._all) if self.validate else list(self._all)
+            for instance_id, reason in self.rejected:
+                print(f"[agentrl] swe: task {instance_id} rejected: {_one_line(reason)}", flush=True)
             if not self._valid:
                 raise ValueError(f"every SWE task was rejected by validation: {self.rejected[:3]}")
         return [t for t in self._valid if split == "all" or _split_of(t) == split]
@@ -111,7 +117,11 @@ class SWEEnv(ToolEnv):
     async def _validate_all(self, tasks: list[Task]) -> list[Task]:
         cache = ValidationCache(self.validation_cache)
         valid: list[Task] = []
-        if await self._template() is not None:
+        local = await self._template() is not None
+        unrunnable = {t["instance_id"]: why for t in tasks if (why := requirements(t, "local" if local else "docker"))}
+        self.rejected += sorted(unrunnable.items())
+        tasks = [t for t in tasks if t["instance_id"] not in unrunnable]
+        if local:
             await asyncio.to_thread(self.prepare_runtimes, tasks)
         for key in sorted({self._sandbox_key(t) for t in tasks}):
             group = [t for t in tasks if self._sandbox_key(t) == key]
@@ -305,6 +315,11 @@ class _TaskPools:
 def _split_of(task: Task) -> str:
     """A stable split: about one task in five is held out for test."""
     return "test" if int(hashlib.sha256(task["instance_id"].encode()).hexdigest(), 16) % 5 == 0 else "train"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + " ..."
 
 
 def _short_hash(text: str) -> str:

@@ -337,3 +337,18 @@ async def provide_runtime(sandbox: Any, task: dict[str, Any], site_dir: str) -> 
                            f"runtime {runtime.key} was built for {want}; use a sandbox image with Python {want} "
                            "or the per-package image (sandbox.backend=docker builds it)")
     await sandbox.upload(str(runtime.site_packages()), site_dir)
+
+
+async def make_task_sandbox(cfg: Any, task: dict[str, Any], log: Callable[[str], None] | None = print) -> Any:
+    """A fresh sandbox for `task` under sandbox config `cfg`: on the local and process backends
+    with the task's runtime (built first if missing), on docker of the task's image."""
+    import asyncio
+    from dataclasses import replace
+
+    from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox, make_sandbox
+
+    if cfg.backend in ("local", "process"):
+        runtime = await asyncio.to_thread(task_runtime, task, log)
+        cls = LocalSandbox if cfg.backend == "local" else ProcessSandbox
+        return sandbox_with_runtime(cls, Limits.from_config(cfg), runtime)
+    return make_sandbox(replace(cfg, image=task.get("image") or cfg.image))

@@ -26,7 +26,9 @@ them. `id` mirrors `instance_id` (agentrl's Task key).
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -79,40 +81,68 @@ def normalize_task(record: dict[str, Any], where: str = "task") -> dict[str, Any
     source = task["source"]
     if source and not source.startswith(("data:", "file:", "pip:")):
         raise TaskError(f"{where}: source {source!r} must start with 'data:', 'file:' or 'pip:'")
+    kind, _, ref = source.partition(":")
+    if kind in ("data", "file") and not (DATA_DIR / ref if kind == "data" else Path(ref).expanduser()).exists():
+        raise TaskError(f"{where}: source archive {ref} not found"
+                        + (f" in {DATA_DIR}" if kind == "data" else "") + "; synthesise it with `agentrl swe synth`")
+    package = setup.get("package", "")
+    if package and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$", package):
+        raise TaskError(f"{where}: environment_setup.package {package!r} must look like NAME==VERSION")
     task["id"] = task["instance_id"]
     return task
 
 
-def load_tasks(path: str | Path) -> list[dict[str, Any]]:
-    """Load SWE-bench-style tasks from a .jsonl, .json or .parquet file."""
+def load_tasks(path: str | Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """Load tasks from a .jsonl (optionally .gz), .json or .parquet file in agentrl's schema or a
+    published dataset's (SWE-bench, SWE-Gym, SWE-smith: datasets.py).
+
+    A bad record (missing field, invalid JSON, duplicate id) raises TaskError naming the file,
+    line and task, unless `problems` is a list: then that one line is appended there, the record
+    is skipped and the other tasks still load."""
+    from .datasets import to_agentrl
+
     path = Path(path)
     if not path.exists():
         raise TaskError(f"task file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        records = _read_parquet(path)
-    elif suffix == ".jsonl":
-        records = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+    name = path.name.lower()
+    records: list[tuple[str, Any]] = []  # (where, record or TaskError)
+    if name.endswith(".parquet"):
+        records = [(f"{path}:{i + 1}", r) for i, r in enumerate(_read_parquet(path))]
+    elif name.endswith((".jsonl", ".jsonl.gz")):
+        text = gzip.decompress(path.read_bytes()).decode() if name.endswith(".gz") else path.read_text()
+        for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    records.append((f"{path}:{n}", json.loads(line)))
                 except json.JSONDecodeError as e:
-                    raise TaskError(f"{path}:{n}: not valid JSON: {e}") from None
-    elif suffix == ".json":
+                    records.append((f"{path}:{n}", TaskError(f"{path}:{n}: not valid JSON: {e}")))
+    elif name.endswith(".json"):
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise TaskError(f"{path}: not valid JSON: {e}") from None
-        records = data if isinstance(data, list) else [data]
+        records = [(f"{path}:{i + 1}", r) for i, r in enumerate(data if isinstance(data, list) else [data])]
     else:
-        raise TaskError(f"{path}: unsupported task file type {suffix!r}; use .jsonl, .json or .parquet")
-    tasks = [normalize_task(r, f"{path}:{i + 1}") for i, r in enumerate(records)]
+        raise TaskError(f"{path}: unsupported task file type {path.suffix!r}; use .jsonl, .jsonl.gz, .json "
+                        "or .parquet")
+    tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for t in tasks:
-        if t["instance_id"] in seen:
-            raise TaskError(f"{path}: duplicate instance_id {t['instance_id']!r}")
-        seen.add(t["instance_id"])
+    for where, record in records:
+        try:
+            if isinstance(record, TaskError):
+                raise record
+            if isinstance(record, dict) and record.get("instance_id"):
+                where = f"{where} task {record['instance_id']}"
+            task = normalize_task(to_agentrl(record) if isinstance(record, dict) else record, where)
+            if task["instance_id"] in seen:
+                raise TaskError(f"{where}: duplicate instance_id {task['instance_id']!r}")
+        except TaskError as e:
+            if problems is None:
+                raise
+            problems.append(str(e))
+            continue
+        seen.add(task["instance_id"])
+        tasks.append(task)
     return tasks
 
 
@@ -125,15 +155,19 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def save_tasks(tasks: list[dict[str, Any]], path: str | Path) -> None:
-    """Write tasks as JSONL (the format `load_tasks` and SWE-bench tools read)."""
-    with open(path, "w") as f:
-        for t in tasks:
-            f.write(json.dumps({k: v for k, v in t.items() if k != "id"}, ensure_ascii=False) + "\n")
+    """Write tasks as JSONL (the format `load_tasks` and SWE-bench tools read), gzipped if the
+    name ends in .gz (PASS_TO_PASS lists compress about 20x)."""
+    text = "".join(json.dumps({k: v for k, v in t.items() if k != "id"}, ensure_ascii=False) + "\n" for t in tasks)
+    if str(path).endswith(".gz"):
+        Path(path).write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        Path(path).write_text(text)
 
 
 def builtin_tasks() -> list[dict[str, Any]]:
-    """The synthesised tasks shipped in envs/swe/data/*.jsonl, sorted by instance_id."""
-    tasks = [t for f in sorted(DATA_DIR.glob("*.jsonl")) for t in load_tasks(f)]
+    """The synthesised tasks shipped in envs/swe/data/*.jsonl[.gz], sorted by instance_id."""
+    files = sorted([*DATA_DIR.glob("*.jsonl"), *DATA_DIR.glob("*.jsonl.gz")])
+    tasks = [t for f in files for t in load_tasks(f)]
     return sorted(tasks, key=lambda t: t["instance_id"])
 
 

@@ -27,7 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -60,7 +60,9 @@ def fetch_sdist(spec: str, dest: Path) -> Path:
     found = _find_sdist(dest, name, version)
     if found:
         return found
-    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-build-isolation",
+    # build isolation as pip does by default: setuptools_scm / flit / hatch / poetry backends are
+    # fetched for the metadata step (without it pip reads a setuptools_scm version as 0.0.0)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--disable-pip-version-check",
            "-q", "-d", str(dest), spec]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     found = _find_sdist(dest, name, version)
@@ -274,7 +276,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
                      source_ref: str | None = None, log: Any = print) -> tuple[list[dict[str, Any]], SynthStats]:
     """Synthesise up to `max_tasks` bug-fix tasks from one package (each bug breaks 1..max_failing
     baseline tests, reproducibly; `validate_task` re-checks them from scratch)."""
-    from agentrl.sandboxes import make_sandbox
+    from .runtime import make_task_sandbox
 
     start = time.perf_counter()
     name, version = parse_spec(spec)
@@ -298,7 +300,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     base = normalize_task(base)
     stats = SynthStats()
     tasks: list[dict[str, Any]] = []
-    sandbox = make_sandbox(replace(sandbox_cfg, image=image))
+    sandbox = await make_task_sandbox(sandbox_cfg, base)  # local: the package's runtime venv, mounted
     try:
         await prepare_repo(sandbox, base, commit=False)
         targets = layout.test_files
@@ -455,25 +457,28 @@ async def _synth_cli(args: argparse.Namespace) -> int:
 
 
 async def _validate_cli(args: argparse.Namespace) -> int:
-    from agentrl.sandboxes import make_sandbox
-
     from .grade import ValidationCache, validate_tasks
+    from .runtime import make_task_sandbox, spec_of
     from .schema import builtin_tasks, load_tasks
 
     tasks = load_tasks(args.file) if args.file else builtin_tasks()
     cfg = _sandbox_config(args)
     cache = ValidationCache(Path(tempfile.mkdtemp()) / "v.json") if args.no_cache else ValidationCache()
     valid, rejected = [], []
-    for image in sorted({t["image"] or cfg.image for t in tasks}):
-        group = [t for t in tasks if (t["image"] or cfg.image) == image]
-        if cfg.backend == "docker":
-            try:
+
+    def group_key(t: dict[str, Any]) -> str:  # tasks that share a sandbox: same image, same runtime
+        return f"{t['image'] or cfg.image}|{spec_of(t).name}"
+
+    for key in sorted({group_key(t) for t in tasks}):
+        group = [t for t in tasks if group_key(t) == key]
+        try:
+            if cfg.backend == "docker":
                 ensure_task_image(group[0], cfg.image)
-            except RuntimeError as e:
-                rejected += [(t["instance_id"], str(e)) for t in group]
-                print(f"{image}: REJECTED {len(group)} task(s): {e}")
-                continue
-        sandbox = make_sandbox(replace(cfg, image=image if cfg.backend == "docker" else cfg.image))
+            sandbox = await make_task_sandbox(cfg, group[0])
+        except RuntimeError as e:
+            rejected += [(t["instance_id"], str(e)) for t in group]
+            print(f"{key}: REJECTED {len(group)} task(s): {e}")
+            continue
         try:
             ok, bad = await validate_tasks(group, sandbox, cfg.backend, cache, log=print)
         finally:
