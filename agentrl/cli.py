@@ -32,10 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
         description="Reinforcement learning of LLM agents that act over many turns with tools in sandboxes.")
+    # main() takes --debug from anywhere on the line; declared here so --help shows it.
+    parser.add_argument("--debug", action="store_true", help="on a failure, also print the full traceback")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a policy on an environment")
     _add_train_args(p)
+
+    p = sub.add_parser("sft", help="supervised warm start on the env's demonstrations or recorded trajectories")
+    p.add_argument("--env", required=True, help="an env with demonstrations (code, search, swe, ...) or any env with --data")
+    p.add_argument("--data", metavar="FILE.jsonl", help="recorded trajectories (a run's trajectories.jsonl), "
+                                                        "kept if reward >= trainer.warm_start.min_reward")
+    p.add_argument("--config", default=None)
+    p.add_argument("--model", help="= model.name")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value")
 
     p = sub.add_parser("eval", help="evaluate a model or a run's checkpoint on an environment")
     p.add_argument("--env", required=True)
@@ -52,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = env_sub.add_parser("check", help="check an env against the Gymnasium and agentrl contracts")
     c.add_argument("name")
     c.add_argument("kwargs", nargs="*", metavar="key=value", help="constructor keyword arguments")
+    c.add_argument("--adversarial", action="store_true",
+                   help="also submit known reward hacks; they must score no better than a wrong answer")
 
     p = sub.add_parser("sandbox", help="sandbox images and containers")
     sb_sub = p.add_subparsers(dest="sandbox_command", metavar="SANDBOX_COMMAND")
@@ -77,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentrl.config import ConfigError, dump_config
+    from agentrl.config import dump_config
 
     overrides = list(args.overrides)
     for flag, key in (("backend", "laminar.backend"), ("engine", "engine.kind"), ("model", "model.name")):
@@ -87,13 +100,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append("run.quiet=true")
     if args.ray:
         overrides.append(f"laminar.ray_address={args.ray}")
-    try:
-        from agentrl.run import prepare_run
+    from agentrl.run import prepare_run
 
-        plan = prepare_run(env=args.env, config_file=args.config, overrides=overrides, resume=args.resume)
-    except ConfigError as e:
-        print(f"agentrl train: {e}", file=sys.stderr)
-        return 2
+    plan = prepare_run(env=args.env, config_file=args.config, overrides=overrides, resume=args.resume)
     if args.dry_run:
         print(dump_config(plan.config), end="")
         return 0
@@ -102,17 +111,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train(plan)
 
 
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agentrl.sft import prepare_sft, run_sft
+
+    overrides = list(args.overrides) + (["run.quiet=true"] if args.quiet else [])
+    if args.model:
+        overrides.append(f"model.name={args.model}")
+    return run_sft(prepare_sft(args.env, args.config, overrides, args.data))
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentrl.config import ConfigError
+    from agentrl.evaluate import main as eval_main
 
-    try:
-        from agentrl.evaluate import main as eval_main
-
-        return eval_main(env=args.env, model=args.model, n=args.n, config_file=args.config,
-                         split=args.split, overrides=args.overrides)
-    except ConfigError as e:
-        print(f"agentrl eval: {e}", file=sys.stderr)
-        return 2
+    return eval_main(env=args.env, model=args.model, n=args.n, config_file=args.config,
+                     split=args.split, overrides=args.overrides)
 
 
 def _cmd_envs(_: argparse.Namespace) -> int:
@@ -128,7 +140,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
         build_parser().parse_args(["env", "--help"])
     from agentrl.envcheck import main as check_main
 
-    return check_main([args.name, *args.kwargs])
+    return check_main([args.name, *args.kwargs, *(["--adversarial"] if args.adversarial else [])])
 
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
@@ -167,12 +179,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "eval": _cmd_eval, "envs": _cmd_envs, "env": _cmd_env,
+COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "eval": _cmd_eval, "envs": _cmd_envs, "env": _cmd_env,
             "sandbox": _cmd_sandbox, "swe": _cmd_swe, "report": _cmd_report}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"], ["build"], ["stats"]):
         from agentrl.envs.swe.synth import main as synth_main
 
@@ -183,6 +194,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     return COMMANDS[args.command](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A failure ends with one line on stderr naming the problem and the fix
+    (agentrl.errors.explain): exit 2 for usage and config errors, 1 at run time; `--debug`, anywhere
+    on the line, also prints the traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    debug = "--debug" in head
+    if debug:
+        argv.remove("--debug")
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print(f"agentrl {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        from agentrl.errors import explain
+
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        code, line = explain(e)
+        print(f"agentrl {command}: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, ConfigError, dump_config, load_config
+from agentrl.errors import UserError, where
 from agentrl.types import Group, Trajectory
 
 log = logging.getLogger("agentrl.run")
@@ -54,8 +55,24 @@ def check_env_name(name: str) -> None:
                           "(or pass package.module:Class)")
     try:
         load_entry_point(name)
-    except (ImportError, ValueError) as e:
-        raise ConfigError(f"env '{name}' cannot be loaded: {e}") from None
+    except Exception as e:
+        if _names_nothing(name, e):  # a typo in --env: usage (exit 2)
+            raise ConfigError(f"env '{name}' cannot be loaded: {e}") from None
+        # The module is there but fails while importing (its own error or a missing dependency).
+        raise UserError(f"env '{name}' does not import: {type(e.__cause__ or e).__name__}: {e}{where(e)}",
+                        fix=f"fix the module or install what it imports; `agentrl env check {name}` "
+                            "checks it") from e
+
+
+def _names_nothing(name: str, exc: Exception) -> bool:
+    """Whether loading `name` failed because the module, file or attribute it names does not exist."""
+    module = name.rsplit(":", 1)[0]
+    if isinstance(exc, ValueError) or "has no attribute" in str(exc):
+        return True
+    if module.endswith(".py"):
+        return not Path(module).is_file()
+    missing = getattr(exc.__cause__, "name", None)  # ModuleNotFoundError.name: which module was absent
+    return isinstance(exc.__cause__, ModuleNotFoundError) and (module == missing or module.startswith(f"{missing}."))
 
 
 def prepare_run(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
@@ -80,6 +97,9 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
         raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
+    from agentrl.sft import check_warm_start
+
+    check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
     name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
                                      time.strftime("%Y%m%d-%H%M%S")])
     return RunPlan(cfg, Path(cfg.run.dir) / name)
@@ -216,6 +236,7 @@ async def _train(plan: RunPlan) -> int:
     model_path = resolve_configured(cfg.model)
     learner = Learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     start_step = 0
+    extra: dict[str, Any] = {}
     if plan.resume_from is not None:
         extra = load_checkpoint(plan.resume_from, learner)
         start_step = int(extra.get("step", 0))
@@ -237,6 +258,13 @@ async def _train(plan: RunPlan) -> int:
     def env_factory() -> Any:
         return make_env(cfg, pool)
 
+    from agentrl.stages import Stages
+
+    try:  # warm-start data and the held-out set: bad input stops here, before any training
+        stages = await Stages.start(cfg, run_dir, learner, env_factory, tasks, extra)
+    except BaseException:
+        await pool.close()
+        raise
     engines = [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -254,18 +282,19 @@ async def _train(plan: RunPlan) -> int:
 
     def checkpoint(step_done: int) -> None:
         nonlocal last_saved
-        path = save_checkpoint(ckpt_dir, learner, extra={"step": step_done})
+        path = save_checkpoint(ckpt_dir, learner, extra={"step": step_done, "warm_start_done": stages.warm_done})
         for old in ckpt_dir.glob("step_*.pt"):  # one checkpoint is enough to resume
             if old != path:
                 old.unlink(missing_ok=True)
         last_saved = step_done
         log.info("checkpoint %s (step %d)", path, step_done)
 
-    def on_step(rec: dict[str, Any]) -> None:
+    async def on_step(rec: dict[str, Any]) -> None:
         step_done = start_step + rec["step"] + 1
         rec = {**rec, "step": start_step + rec["step"]}
         groups = rec.pop("batch", [])  # the Group objects the learner consumed
         line = step_metrics(rec, groups, pool.metrics())
+        line.update(await stages.after_step(step_done, cfg.trainer.steps))  # held-out eval when due
         writers.write(line, [t for g in groups for t in g.trajectories])
         progress.update(line)
         if step_done % cfg.trainer.checkpoint_every == 0 or step_done == cfg.trainer.steps or stop.is_set():
@@ -276,7 +305,9 @@ async def _train(plan: RunPlan) -> int:
     interrupted = False
     try:
         cfg_run = _with_steps(cfg, remaining)
+        await stages.before_rl(lambda _: checkpoint(start_step))  # base eval, warm start, eval after it
         summary = await run_training_async(cfg_run, env_factory, tasks, learner, engines, on_step=on_step)
+        summary.update(await stages.finish(cfg.trainer.steps))
         (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
     except StopTraining:
         interrupted = True
@@ -284,6 +315,7 @@ async def _train(plan: RunPlan) -> int:
         progress.close()
         writers.close()
         loop.remove_signal_handler(signal.SIGINT)
+        await stages.close()
         await pool.close()
         for engine in engines:
             await engine.close()

