@@ -249,11 +249,18 @@ async def _train(plan: RunPlan) -> int:
 
     pool = make_pool(cfg.sandbox, run_id=run_dir.name, name=f"{cfg.env.name}-train")
     await pool.start()
-    probe = make_env(cfg, pool)
-    tasks = list(probe.tasks("train"))
-    await probe.aclose()
-    if not tasks:
-        raise ConfigError(f"env '{cfg.env.name}' has no training tasks")
+    try:  # a failure here must not leave the pool's sandboxes running
+        probe = make_env(cfg, pool)
+        try:
+            tasks = list(probe.tasks("train"))
+        finally:
+            await probe.aclose()
+        if not tasks:
+            raise UserError(f"env '{cfg.env.name}' has no training tasks",
+                            fix="check its task settings (env.kwargs.*); `agentrl env check NAME` builds it alone")
+    except BaseException:
+        await pool.close()
+        raise
 
     def env_factory() -> Any:
         return make_env(cfg, pool)

@@ -105,7 +105,11 @@ class SWEEnv(ToolEnv):
             for instance_id, reason in self.rejected:
                 print(f"[agentrl] swe: task {instance_id} rejected: {_one_line(reason)}", flush=True)
             if not self._valid:
-                raise ValueError(f"every SWE task was rejected by validation: {self.rejected[:3]}")
+                from agentrl.errors import UserError
+
+                first = "; ".join(f"{tid}: {why}" for tid, why in self.rejected[:2])
+                raise UserError(f"all {len(self.rejected)} SWE tasks were rejected by validation ({first})",
+                                fix="`agentrl swe validate [TASK_FILE]` shows why each task fails")
         return [t for t in self._valid if split == "all" or _split_of(t) == split]
 
     def _validated(self, tasks: list[Task]) -> list[Task]:
