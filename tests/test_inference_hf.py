@@ -112,6 +112,55 @@ async def test_multi_turn_tokens_reproduce_in_one_forward(engine, prompts):
     assert len(diffs) > 2 and max(diffs) < TOL
 
 
+async def test_next_turn_reuses_the_kept_prefix(engine, prompts):
+    """Turn 2's prompt extends turn 1's prompt and completion: only the new tokens are
+    prefilled (engine metrics), and the log-probs still match the trainer's forward pass."""
+    tok = engine.tokenizer
+    sp = SamplingParams(temperature=1.0, max_tokens=12, seed=3)
+    first = await engine.generate(prompts[2], sp)
+    assert first.metrics["cached_tokens"] == 0
+    assert engine.metrics["prefill_tokens"] == len(prompts[2])
+    obs = tok.encode("<|im_end|>\n<|im_start|>user\nAnd another one?<|im_end|>\n<|im_start|>assistant\n",
+                     add_special_tokens=False)
+    prompt = prompts[2] + first.token_ids + obs
+    second = await engine.generate(prompt, sp)
+    kept = len(prompts[2]) + len(first.token_ids) - 1  # the last sampled token was never fed
+    assert second.metrics["cached_tokens"] == kept == engine.metrics["prefix_hit_tokens"]
+    assert engine.metrics["prefill_tokens"] == len(prompts[2]) + len(prompt) - kept
+    assert max_diff(engine.model, prompt, second) < 1e-4
+
+
+async def test_prefix_store_off_and_over_budget(model_path, prompts):
+    """prefix_cache_mb=0 keeps nothing; a budget smaller than one prefix keeps nothing either."""
+    for mb in (0, 0.01):
+        eng = HFEngine(model_path, seed=0, prefix_cache_mb=mb)
+        try:
+            first = await eng.generate(prompts[0], SamplingParams(max_tokens=4, seed=0))
+            again = await eng.generate(prompts[0] + first.token_ids, SamplingParams(max_tokens=4, seed=0))
+            assert again.metrics["cached_tokens"] == 0 and eng.metrics["prefix_cache_bytes"] == 0
+        finally:
+            await eng.close()
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        HFEngine(model_path, prefix_cache_mb=-1)
+
+
+async def test_engine_leaves_the_process_thread_count_alone(model_path, prompts):
+    """The engine's forward passes run with its own thread count on its own thread; the rest of
+    the process (a learner) keeps the pool it set."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    eng = HFEngine(model_path, num_threads=1)
+    seen: list[int] = []
+    eng.model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    try:
+        await eng.generate(prompts[0], SamplingParams(max_tokens=2))
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        await eng.close()
+        torch.set_num_threads(before)
+
+
 async def test_stop_string_ends_generation_and_logprobs_still_match(engine, prompts):
     tok = engine.tokenizer
     free = await engine.generate(prompts[2], SamplingParams(temperature=0.7, max_tokens=30, seed=5))
@@ -184,6 +233,7 @@ async def test_load_weights_changes_outputs_and_version(engine, prompts):
     await swap
     old = await inflight
     assert old.version == 0 and after.version == 7 and engine.version == 7
+    assert after.metrics["cached_tokens"] == 0  # KV kept under the old weights was dropped
     assert after.logprobs != before.logprobs
     assert max_diff(engine.model, prompts[3], after) < TOL  # engine really runs the new weights
 

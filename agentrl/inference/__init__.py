@@ -32,7 +32,8 @@ def make_engine(cfg: Config) -> InferenceEngine:
         from agentrl.inference.hf import HFEngine
 
         return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size,
-                        seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len)
+                        seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len,
+                        prefix_cache_mb=cfg.engine.prefix_cache_mb)
     if kind == "vllm":
         from agentrl.inference.vllm import VLLMEngine
 

@@ -5,7 +5,13 @@ arrived since the last step (left-padded, one forward pass) and (2) advances eve
 sequence by one token with the KV cache (one forward pass), then merges the new rows into the
 batch and drops the finished ones. So a request joins at the next step boundary instead of
 waiting for the batch to drain, which is what trajectory-level rollout needs. Forward passes
-run in a worker thread (`asyncio.to_thread`) so the event loop keeps serving envs and tools.
+run on the engine's own worker thread so the event loop keeps serving envs and tools.
+
+Prefix reuse: a multi-turn rollout's turn k+1 prompt starts with turn k's prompt and
+completion (append-only token bookkeeping, design §6), so when a request finishes its row's KV
+is kept in a prefix store (LRU under `prefix_cache_mb`) and a later prompt that starts with
+those tokens prefills only the new ones. Rows of a prefill whose new-token counts differ a lot
+go in separate forward passes instead of one padded one.
 
 Weight updates (`load_weights`) follow Laminar (algorithms.md §1): admission pauses, the requests
 in flight finish on the weights they started with, the weights are swapped on an empty engine,
@@ -17,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ class _Request:
     finish_reason: str | None = None
     checked_chars: int = 0  # decoded text already searched for stop strings
     batch_size_sum: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix store
 
 
 @dataclass
@@ -64,13 +72,17 @@ class HFEngine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_batch_size: int = 16,
                  device: str = "cpu", num_threads: int | None = None, seed: int | None = None,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, prefix_cache_mb: float = 1024) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns prefix reuse off), got {prefix_cache_mb}")
         # Half the cores by default (1 on a 2-core box): the event loop, tools and sandboxes need
         # the rest, and an oversubscribed OpenMP pool spin-waits — measured 10-20x slower decode
-        # steps with 2 threads than with 1 on a loaded 2-core machine. Process-wide setting.
-        torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 2) // 2))
+        # steps with 2 threads than with 1 on a loaded 2-core machine. Set per forward step on the
+        # engine's own thread only (`_forward_threads`), so a learner in the same process keeps its pool.
+        self.num_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self.model_path = Path(model_path)
         self.device = torch.device(device)
         self.model = load_model(model_path, dtype=dtype, device=device)
@@ -96,8 +108,11 @@ class HFEngine:
         self._swap_lock = asyncio.Lock()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._prefix = _PrefixStore(int(prefix_cache_mb * 2**20))
+        # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused.
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
-                                          "batch_size_sum": 0, "forward_s": 0.0}
+                                          "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
+                                          "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0}
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set()
@@ -131,7 +146,7 @@ class HFEngine:
             self._paused = True
             try:
                 await self._empty.wait()
-                await asyncio.to_thread(self._copy_weights, state_dict)
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._copy_weights, state_dict)
                 self.version = version
             finally:
                 self._paused = False
@@ -149,6 +164,8 @@ class HFEngine:
             self._resolve(request)
         self._waiting.clear()
         self._batch = None
+        self._prefix.clear()
+        self._executor.shutdown(wait=False)
         self._empty.set()  # a load_weights waiting for the drain must not hang
 
     @property
@@ -189,6 +206,7 @@ class HFEngine:
         with torch.no_grad():
             for name, value in state_dict.items():
                 params[name].copy_(value)
+        self._prefix.clear()  # the kept KV belongs to the old weights
 
     # ------------------------------------------------------------------ scheduler
 
@@ -211,7 +229,7 @@ class HFEngine:
                 continue
             self._empty.clear()
             try:
-                finished = await asyncio.to_thread(self._step, admitted)
+                finished = await asyncio.get_running_loop().run_in_executor(self._executor, self._step, admitted)
             except Exception as e:  # a failed forward fails its requests, never the engine
                 for request in admitted + (self._batch.rows if self._batch else []):
                     if not request.future.done():
@@ -235,7 +253,8 @@ class HFEngine:
             metrics={"queue_s": (request.started or now) - request.submitted,
                      "seconds": now - request.submitted,
                      "mean_batch_size": request.batch_size_sum / steps,
-                     "prompt_tokens": float(len(request.prompt_ids))}))
+                     "prompt_tokens": float(len(request.prompt_ids)),
+                     "cached_tokens": float(request.cached_tokens)}))
 
     # ------------------------------------------------------------------ one step (worker thread)
 
@@ -243,6 +262,16 @@ class HFEngine:
     def _step(self, admitted: list[_Request]) -> list[_Request]:
         """Prefill `admitted`, decode one token for the running batch, merge, drop finished rows."""
         start = time.perf_counter()
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)  # this thread's pool; restored below (see __init__)
+        try:
+            finished = self._step_locked(admitted)
+        finally:
+            torch.set_num_threads(previous)
+        self.metrics["forward_s"] += time.perf_counter() - start
+        return finished
+
+    def _step_locked(self, admitted: list[_Request]) -> list[_Request]:
         self._drop_finished()
         old = self._batch
         if old is not None:
@@ -251,8 +280,7 @@ class HFEngine:
         if admitted:
             for request in admitted:
                 request.started = time.perf_counter()
-            new, logits = self._prefill(admitted)
-            self._advance(new, logits)
+            new = self._prefill(admitted)
             self._batch = new if old is None else _merge(old, new)
         size = self._batch_rows()
         for request in self._batch.rows if self._batch else []:
@@ -264,26 +292,80 @@ class HFEngine:
         m["batch_size_sum"] += size
         m["max_batch_size"] = max(m["max_batch_size"], size)
         finished = [r for r in (self._batch.rows if self._batch else []) if r.finish_reason is not None]
+        if finished and self._prefix.budget:
+            self._keep_prefixes()
         self._drop_finished()
-        m["forward_s"] += time.perf_counter() - start
         return finished
 
-    def _prefill(self, requests: list[_Request]) -> tuple[_Batch, torch.Tensor]:
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def _prefill(self, requests: list[_Request]) -> _Batch:
+        """Prefill the new requests, reusing kept KV for the prompt prefixes the store holds.
+
+        Rows go in groups whose new-token counts are alike, one forward pass per group, so a
+        long first-turn prompt does not pad a dozen short continuations."""
+        hits = [self._prefix.lookup(r.prompt_ids) for r in requests]
+        self._prefix.drop_consumed(hits)
+        for r, (n, _, _) in zip(requests, hits):
+            r.cached_tokens = n
+        new_tokens = [len(r.prompt_ids) - n for r, (n, _, _) in zip(requests, hits)]
+        batch: _Batch | None = None
+        for group in _similar_length_groups(new_tokens):
+            part = self._prefill_group([requests[i] for i in group], [hits[i] for i in group])
+            batch = part if batch is None else _merge(batch, part)
+        assert batch is not None
+        return batch
+
+    def _prefill_group(self, requests: list[_Request], hits: list[_Hit]) -> _Batch:
+        """One forward pass over rows laid out as [pad | kept prefix | pad | new tokens]: the
+        kept prefix goes into the cache, only the new tokens are computed; padding has mask 0."""
+        cached = [n for n, _, _ in hits]
+        past, width = max(cached), max(len(r.prompt_ids) - n for r, n in zip(requests, cached))
+        rows = len(requests)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, past + width), dtype=torch.long)
+        for i, (r, n) in enumerate(zip(requests, cached)):
+            fresh = r.prompt_ids[n:]
+            ids[i, width - len(fresh):] = torch.tensor(fresh)
+            mask[i, past - n:past] = 1
+            mask[i, past + width - len(fresh):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         cache = DynamicCache(config=self.model.config)
+        if past:
+            data = []
+            for layer in range(len(cache.layers)):
+                shape = next(kv[layer][0].shape for _, kv, _ in hits if kv)
+                blank = torch.zeros((1, shape[1], past, shape[3]), dtype=self.model.dtype, device=self.device)
+                data.append(tuple(torch.cat([_left_pad(kv[layer][j], past, -2) if kv else blank for _, kv, _ in hits])
+                                  for j in (0, 1)))
+            cache = DynamicCache(data, config=self.model.config)
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                          position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
+        computed = int(mask[:, past:].sum())
+        m = self.metrics
+        m["prefill_tokens"] += computed
+        m["prefill_padding"] += rows * width - computed
+        m["prefix_hit_tokens"] += sum(cached)
         batch = _Batch(rows=list(requests), cache=out.past_key_values, mask=mask.to(self.device),
-                       next_ids=torch.zeros(len(requests), dtype=torch.long, device=self.device),
+                       next_ids=torch.zeros(rows, dtype=torch.long, device=self.device),
                        positions=mask.sum(-1).to(self.device))
-        return batch, out.logits[:, -1]
+        self._advance(batch, out.logits[:, -1])
+        return batch
+
+    def _keep_prefixes(self) -> None:
+        """Put each finished row's KV (its prompt and all but its last sampled token, which was
+        never fed) into the prefix store, padding columns left out."""
+        batch = self._batch
+        assert batch is not None
+        for i, r in enumerate(batch.rows):
+            if r.finish_reason not in ("stop", "length") or r.future.cancelled():
+                continue
+            tokens = r.prompt_ids + r.token_ids[:-1]
+            cols = batch.mask[i].nonzero().squeeze(-1)
+            if len(cols) != len(tokens):  # bookkeeping broke: keep nothing rather than wrong KV
+                raise RuntimeError(f"hf engine: row holds {len(cols)} cached tokens, expected {len(tokens)}")
+            kv = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in batch.cache.layers]
+            self._prefix.put(tokens, kv)
+        self.metrics["prefix_cache_bytes"] = self._prefix.bytes
 
     def _decode(self, batch: _Batch) -> torch.Tensor:
         mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
@@ -349,6 +431,95 @@ class HFEngine:
             for layer in batch.cache.layers:
                 layer.keys = layer.keys[..., lead:, :]
                 layer.values = layer.values[..., lead:, :]
+
+
+_KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, heads, tokens, dim)
+_Hit = tuple[int, _KV | None, int | None]  # tokens reused, their KV, the store entry they came from
+
+
+class _PrefixStore:
+    """Finished rows' KV keyed by their token ids, least recently used evicted past `budget`
+    bytes. A lookup returns the longest common prefix with any entry (SUPO's rollback and a
+    group's shared task prompt match part of an entry; a next turn matches all of one)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self._entries: OrderedDict[int, tuple[list[int], _KV, int]] = OrderedDict()
+        self._next = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def put(self, tokens: list[int], kv: _KV) -> None:
+        size = sum(k.nelement() * k.element_size() * 2 for k, _ in kv)
+        if size > self.budget:
+            return
+        while self._entries and self.bytes + size > self.budget:
+            self._remove(next(iter(self._entries)))
+        self._entries[self._next] = (tokens, kv, size)
+        self._next += 1
+        self.bytes += size
+
+    def lookup(self, prompt: list[int]) -> _Hit:
+        """The longest kept prefix of `prompt`, at most len(prompt) - 1 tokens (the last prompt
+        token must be computed to get the next token's logits)."""
+        best, best_key = 0, None
+        for key, (tokens, _, _) in self._entries.items():
+            n = _common_prefix(tokens, prompt, len(prompt) - 1)
+            if n > best:
+                best, best_key = n, key
+        if best_key is None:
+            return 0, None, None
+        self._entries.move_to_end(best_key)
+        tokens, kv, _ = self._entries[best_key]
+        if best < len(tokens):
+            kv = [(k[..., :best, :], v[..., :best, :]) for k, v in kv]
+        return best, kv, best_key
+
+    def drop_consumed(self, hits: list[_Hit]) -> None:
+        """Forget entries some request extends whole: that request's own entry will supersede them."""
+        for n, _, key in hits:
+            if key in self._entries and n == len(self._entries[key][0]):
+                self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.bytes -= self._entries.pop(key)[2]
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of a and b, at most `limit` (slice compares run in C)."""
+    n = min(len(a), len(b), limit)
+    if n <= 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _similar_length_groups(lengths: list[int], slack: float = 1.25, floor: int = 32) -> list[list[int]]:
+    """Indices grouped, longest first, so that each group's padded size (rows × longest) stays
+    within `slack` × its real tokens (+ `floor`, below which an extra forward pass costs more
+    than the padding)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            g = groups[-1]
+            longest = lengths[g[0]]
+            if (len(g) + 1) * longest <= slack * (sum(lengths[j] for j in g) + lengths[i]) + floor:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -10,7 +10,8 @@ tokens (loss mask 1, behaviour log-prob, weight version) and the chat template's
 everything else (mask 0), appended by `ChatTokens` and never re-tokenized. A failing env ends
 only its own trajectory (`error`). A trajectory can be paused at a turn boundary and exported
 (`RolloutState`), then resumed on another RolloutEngine: what Laminar's repack moves (§1.4).
-SUPO summarisation (algorithms.md §4) runs here when the env is a `SummarizeEnv`.
+Context management (e.g. SUPO summarisation, algorithms.md §4) is a `ContextPolicy` the env
+supplies (`env.context_policy`) or the engine is given; this module only applies it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.envs.summarize import SummarizeEnv
 from agentrl.inference.base import InferenceEngine, SamplingParams
+from agentrl.rollout.context import ContextPolicy, context_policy_of
 from agentrl.rollout.tokens import ChatTokenizer, ChatTokens, verify_append_only
 from agentrl.types import Group, Message, Segment, Status, StepResult, Task, Trajectory, Turn
 
@@ -53,13 +54,13 @@ class RolloutState:
 
     `env` is the live env object (moves within a process). Across processes `to_dict()` drops
     it; `resume` then rebuilds the env from a factory by `areset(task)` and replaying
-    `actions` in order (envs are deterministic given their actions)."""
+    `actions` in order (an env is deterministic given its actions)."""
 
     trajectory: Trajectory  # segments, messages, rewards and timings so far
-    prompt: list[Message]  # s_1, the initial messages (SUPO restarts from them)
+    prompt: list[Message]  # s_1, the initial messages (a context policy may restart from them)
     context: list[Message]  # the current segment's conversation, for template deltas
     actions: list[str] = field(default_factory=list)  # every action sent to env.astep
-    step: int = 0  # policy generations so far (actions + summaries): SUPO's H and the seed step
+    step: int = 0  # policy generations so far (actions + compactions): the step limit and the seed step
     seed: int | None = None  # trajectory sampling seed (None: engine randomness)
     env: Any = None
 
@@ -101,16 +102,16 @@ class RolloutEngine:
     engine: generates (`generate(prompt_ids, sampling)`); tokenizer: the policy's tokenizer
     with its chat template. sampling.seed, when set, makes each trajectory reproducible
     (per-trajectory seeds derive from it and the trajectory id). max_context_tokens is the hard
-    limit of one context; reaching it ends the trajectory `truncated`. summarize: a
-    `SummarizeConfig` to wrap every env in `SummarizeEnv` (an env that already is one keeps its
-    own parameters). on_progress(traj_id, tokens_so_far) is called after every generation and
-    observation (sync or async) so in-flight work can be streamed.
+    limit of one context; reaching it ends the trajectory `truncated`. context_policy: the
+    `ContextPolicy` for an env that brings none of its own (`env.context_policy`), e.g. SUPO.
+    on_progress(traj_id, tokens_so_far) is called after every generation and observation (sync
+    or async) so in-flight work can be streamed.
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer,
                  sampling: SamplingParams | None = None, *, concurrency: int = 8,
                  trajectory_timeout_s: float = 300.0, max_context_tokens: int = 2048,
-                 summarize: Any = None, on_progress: ProgressHook | None = None,
+                 context_policy: ContextPolicy | None = None, on_progress: ProgressHook | None = None,
                  eos_token_ids: Sequence[int] | None = None, verify_template: bool = True) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -126,7 +127,9 @@ class RolloutEngine:
         self.concurrency = concurrency
         self.trajectory_timeout_s = trajectory_timeout_s
         self.max_context_tokens = max_context_tokens
-        self.summarize = summarize if summarize is not None and getattr(summarize, "enabled", True) else None
+        if context_policy is not None and not isinstance(context_policy, ContextPolicy):
+            raise TypeError(f"context_policy must implement ContextPolicy, got {type(context_policy).__name__}")
+        self.context_policy = context_policy
         self.on_progress = on_progress
         eos = list(eos_token_ids or [])
         if not eos:  # the template's EOS first, then whatever else the engine stops on
@@ -141,14 +144,13 @@ class RolloutEngine:
     @classmethod
     def from_config(cls, engine: InferenceEngine, tokenizer: ChatTokenizer, cfg: Any,
                     **kwargs: Any) -> RolloutEngine:
-        """From an `agentrl.config.Config`: sampling, rollout and summarize sections (the run
-        seed seeds sampling)."""
+        """From an `agentrl.config.Config`: sampling and rollout sections (the run seed seeds
+        sampling). The summarize section is the env's: `agentrl.run.make_env` wraps the env."""
         sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                                   max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed)
         return cls(engine, tokenizer, sampling, concurrency=cfg.rollout.concurrency,
                    trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
-                   max_context_tokens=cfg.rollout.max_context_tokens,
-                   summarize=cfg.summarize if cfg.summarize.enabled else None, **kwargs)
+                   max_context_tokens=cfg.rollout.max_context_tokens, **kwargs)
 
     # ------------------------------------------------------------------ public API
 
@@ -199,7 +201,7 @@ class RolloutEngine:
         traj = Trajectory(id=traj_id, group_id=group_id, task_id=str(task.get("id", "")), task=dict(task))
         state = RolloutState(trajectory=traj, prompt=[], context=[],
                              seed=seed if seed is not None else trajectory_seed(self.sampling.seed, traj_id))
-        return await self._launch(state, lambda: self._wrap(env))
+        return await self._launch(state, lambda: env)
 
     def snapshot(self, traj_id: str) -> Trajectory:
         """A copy of an in-flight trajectory as it stands (for a partial-response pool)."""
@@ -234,7 +236,7 @@ class RolloutEngine:
         async def env_source() -> Any:
             if state.env is not None:
                 return state.env
-            env = self._wrap(env_factory())  # type: ignore[misc]
+            env = env_factory()  # type: ignore[misc]
             try:
                 await env.areset(state.trajectory.task)
                 for action in state.actions:
@@ -274,13 +276,8 @@ class RolloutEngine:
             traj = Trajectory(id=tid, group_id=gid, task_id=str(task.get("id", "")), task=dict(task))
             state = RolloutState(trajectory=traj, prompt=[], context=[],
                                  seed=trajectory_seed(self.sampling.seed, tid))
-            starts.append(self._launch(state, lambda: self._wrap(env_factory())))
+            starts.append(self._launch(state, env_factory))
         return gid, starts
-
-    def _wrap(self, env: Any) -> Any:
-        if self.summarize is not None and not isinstance(env, SummarizeEnv):
-            return SummarizeEnv.from_config(env, self.summarize)
-        return env
 
     async def _launch(self, state: RolloutState, env_source: Callable[[], Any]) -> Trajectory | None:
         tid = state.trajectory.id
@@ -355,7 +352,7 @@ class RolloutEngine:
     async def _drive(self, state: RolloutState, env: Any) -> None:
         """Run turns until the trajectory ends (raises _End) or a pause is requested (returns)."""
         traj = state.trajectory
-        supo = env if isinstance(env, SummarizeEnv) else None
+        policy = context_policy_of(env, self.context_policy)
         traj.env = traj.env or str(getattr(env, "name", type(env).__name__))
         if not traj.segments:
             messages = await self._timed_env(traj, env.areset(traj.task))
@@ -366,9 +363,9 @@ class RolloutEngine:
         live = self._live.get(traj.id)
         try:
             while not (live is not None and live.pause):  # a pause lands on a turn boundary
-                if supo is not None and state.step >= supo.max_steps:
+                if policy is not None and state.step >= policy.max_steps:
                     raise _End(Status.TRUNCATED, "supo_max_steps", overlong=True)
-                await self._turn(state, env, supo)
+                await self._turn(state, env, policy)
         except _End as end:
             if end.status is Status.TRUNCATED and end.reason != "env":  # we cut it: let the env score it
                 await self._finalize(traj, env)
@@ -382,11 +379,12 @@ class RolloutEngine:
             traj.outcome_reward = traj.reward = float(outcome)
             traj.reward_components = {k: float(v) for k, v in components.items()}
 
-    async def _turn(self, state: RolloutState, env: Any, supo: SummarizeEnv | None) -> None:
-        """One policy action, one env step, and (SUPO) a summary if the context grew past L."""
+    async def _turn(self, state: RolloutState, env: Any, policy: ContextPolicy | None) -> None:
+        """One policy action, one env step, and a compaction (SUPO: a summary) if the context
+        grew past the policy's threshold."""
         traj, seg = state.trajectory, state.trajectory.segments[-1]
-        before = len(seg.token_ids)  # SUPO rolls back to here: the pair and its generation prompt
-        limit = self.max_context_tokens if supo is None else min(self.max_context_tokens, supo.working_context)
+        before = len(seg.token_ids)  # a rollback returns here: the pair and its generation prompt
+        limit = self.max_context_tokens if policy is None else min(self.max_context_tokens, policy.working_context)
         turn, ended_with_eos = await self._policy_turn(state, seg, limit)
 
         t0 = time.perf_counter()
@@ -415,29 +413,31 @@ class RolloutEngine:
         traj.messages.extend(result.observation)
         await self._progress(traj)
 
-        if supo is not None and len(seg.token_ids) >= supo.threshold:
-            if traj.num_summaries >= supo.max_summaries:
+        if policy is not None and len(seg.token_ids) >= policy.threshold:
+            if traj.num_summaries >= policy.max_compactions:
                 raise _End(Status.TRUNCATED, "supo_max_summaries", overlong=True)
-            # SUPO Alg. 2 line 11: drop the last (action, observation) pair from the token
-            # context; the env keeps the action's effects.
-            seg.truncate(before)
-            del state.context[len(state.context) - 1 - len(result.observation):]
-            await self._summarize(state, supo)
+            if policy.drop_last_pair:  # from the token context only: the env keeps its effects
+                seg.truncate(before)
+                del state.context[len(state.context) - 1 - len(result.observation):]
+            await self._compact(state, policy)
         elif len(seg.token_ids) >= self.max_context_tokens:
             raise _End(Status.TRUNCATED, "context")
 
-    async def _summarize(self, state: RolloutState, supo: SummarizeEnv) -> None:
-        """Append v_sum, generate the summary (trained tokens), start the next segment from
-        s_1 ⊕ continuation template ⊕ summary (algorithms.md §4.1)."""
+    async def _compact(self, state: RolloutState, policy: ContextPolicy) -> None:
+        """Append the policy's request, generate the compaction text (trained tokens; SUPO: the
+        summary after v_sum), start the next segment from what the policy makes of it (SUPO:
+        s_1 ⊕ continuation template ⊕ summary, algorithms.md §4.1)."""
         traj, seg = state.trajectory, state.trajectory.segments[-1]
-        request = supo.summary_message()
-        seg.append(self.chat.append_messages(state.context, [request]), policy=False)
-        state.context.append(request)
-        traj.messages.append(request)
-        turn, _ = await self._policy_turn(state, seg, self.max_context_tokens)
-        seg.summary = supo.extract_summary(turn.action_text)
+        request = policy.compaction_request()
+        extracted = None
+        if request is not None:
+            seg.append(self.chat.append_messages(state.context, [request]), policy=False)
+            state.context.append(request)
+            traj.messages.append(request)
+            turn, _ = await self._policy_turn(state, seg, self.max_context_tokens)
+            extracted = seg.summary = policy.extract(turn.action_text)
         traj.num_summaries += 1
-        state.context = supo.continuation(state.prompt, seg.summary)
+        state.context = policy.next_context(state.prompt, state.context, extracted)
         traj.messages.append(state.context[-1])
         self._new_segment(traj, state.context)
 

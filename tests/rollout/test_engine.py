@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agentrl.envs.summarize import SummarizeEnv
+from agentrl.envs.summarize import SupoPolicy
 from agentrl.inference.base import SamplingParams
 from agentrl.rollout import RolloutEngine, RolloutState, step_seed, trajectory_seed
 from agentrl.rollout.tokens import ChatTokens
@@ -366,16 +366,18 @@ async def test_timeout_error_from_env_is_an_error_not_the_budget() -> None:
     assert traj.status is Status.ERROR and "tool server timed out" in traj.error
 
 
-def test_from_config_reads_sampling_rollout_and_summarize() -> None:
+def test_from_config_reads_sampling_and_rollout_and_takes_a_context_policy() -> None:
     from agentrl.config import load_config
 
     cfg = load_config(overrides=["rollout.concurrency=3", "sampling.max_tokens=17", "run.seed=9",
                                  "summarize.enabled=true", "summarize.working_context=512"])
     tok = CharTokenizer()
-    rollout = RolloutEngine.from_config(ScriptedEngine(tok), tok, cfg)
+    policy = SupoPolicy.from_config(cfg.summarize)
+    rollout = RolloutEngine.from_config(ScriptedEngine(tok), tok, cfg, context_policy=policy)
     assert rollout.concurrency == 3 and rollout.sampling.max_tokens == 17 and rollout.sampling.seed == 9
-    assert rollout.summarize.working_context == 512
-    assert isinstance(rollout._wrap(ScriptedEnv()), SummarizeEnv)
+    assert rollout.context_policy.working_context == 512 and rollout.context_policy.threshold == 486
+    with pytest.raises(TypeError, match="ContextPolicy"):
+        RolloutEngine(ScriptedEngine(tok), tok, context_policy=cfg.summarize)
 
 
 async def test_failing_progress_hook_does_not_end_trajectories(caplog) -> None:

@@ -13,6 +13,7 @@ from agentrl.envs.summarize import (
     CONTINUATION_TEMPLATE,
     SUMMARY_PROMPT,
     SummarizeEnv,
+    SupoPolicy,
     continuation_messages,
     extract_summary,
     summary_threshold,
@@ -207,14 +208,14 @@ async def test_overlong_after_max_summaries_masks_but_counts_in_group() -> None:
     enters the group's mean/std while its advantage (hence loss) is 0."""
     tok = CharTokenizer()
     engine = ScriptedEngine(tok, reply=supo_reply(["go"]))
-    rollout = RolloutEngine(engine, tok, SamplingParams(seed=2), max_context_tokens=1024,
-                            summarize=SummarizeConfig(enabled=True, working_context=300, ratio=0.9,
-                                                      max_summaries=1, max_steps=100))
+    policy = SupoPolicy.from_config(SummarizeConfig(enabled=True, working_context=300, ratio=0.9,
+                                                    max_summaries=1, max_steps=100))
+    rollout = RolloutEngine(engine, tok, SamplingParams(seed=2), max_context_tokens=1024, context_policy=policy)
     group = await rollout.run_group(lambda: ScriptedEnv(turns=50, obs_text=lambda t, a: "y" * 80), TASK, 1)
     long = group.trajectories[0]
     assert long.overlong and long.status is Status.TRUNCATED and long.num_summaries == 1
     assert long.metrics["truncated_supo_max_summaries"] == 1.0 and long.outcome_reward == 0.0
-    assert long.env == "summarize(scripted)"  # the engine wrapped the plain env
+    assert long.env == "scripted"  # the engine's policy applies to the plain env, unwrapped
     check_masks(long, tok, version=0)
     adv = supo_advantages(torch.tensor([long.reward, 1.0]), torch.tensor([0, 0]),
                           torch.tensor([long.overlong, False]))
@@ -255,3 +256,15 @@ async def test_supo_rollout_survives_export_and_resume() -> None:
     moved = await fresh().resume(state)
     assert [s.token_ids for s in moved.segments] == [s.token_ids for s in reference.segments]
     assert moved.num_summaries == reference.num_summaries
+
+
+def test_summarize_builds_with_no_arguments() -> None:
+    """`agentrl env check summarize` and gymnasium.make("agentrl/summarize-v0") pass no
+    inner_env: the wrapper then wraps the code env."""
+    import gymnasium
+
+    env = make("summarize")
+    assert isinstance(env, SummarizeEnv) and env.name == "summarize(CodeEnv)" and env.threshold == 3891
+    gym_env = gymnasium.make("agentrl/summarize-v0")
+    assert isinstance(gym_env.unwrapped, SummarizeEnv)
+    gym_env.close()
