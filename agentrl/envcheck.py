@@ -9,7 +9,10 @@ Runs `gymnasium.utils.env_checker.check_env` and agentrl's own checks:
 - stepping a finished episode raises a clear error;
 - reset/step/close never block the event loop (a watchdog coroutine measures the loop's lag
   while each one runs; a blocking call in async code starves every other trajectory);
-- `close()` gives the sandbox back to its pool.
+- `close()` gives the sandbox back to its pool;
+- with `--adversarial`: known reward hacks (agentrl/reward_hacks.py, or the env's own
+  `adversarial_submissions(task)`) submitted through the terminal tool score no better than an
+  empty or plainly wrong answer.
 
     report = check_env("add")          # or an Env instance, or "package.module:Class"
     print(report); report.ok
@@ -264,12 +267,27 @@ class _Checker:
         return "the sandbox went back to the pool; a second close() is harmless"
 
 
+    def adversarial(self) -> str:
+        from agentrl.reward_hacks import adversarial_pass, generic_hacks
+
+        inner = _tool_env(self.env)
+        if inner is None:
+            raise _Skip("not a ToolEnv: no terminal tool to submit hacks through")
+        wins = self.env._run(adversarial_pass(inner))
+        assert not wins, "reward hacks scored above an empty/wrong answer:\n" + "\n".join(
+            f"  task {t}: {name} got {r:g} (baseline {b:g})" for t, name, r, b in wins)
+        own = callable(getattr(inner, "adversarial_submissions", None))
+        return f"{'the env' if own else 'generic'} hacks ({'its own' if own else len(generic_hacks())}) scored no better"
+
+
 class _Skip(Exception):
     pass
 
 
-def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, **kwargs: Any) -> CheckReport:
-    """Check an env (by registered name, "package.module:Class", or an instance)."""
+def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, adversarial: bool = False,
+              **kwargs: Any) -> CheckReport:
+    """Check an env (by registered name, "package.module:Class", or an instance); `adversarial`
+    adds the reward-hack pass."""
     label = name_or_env if isinstance(name_or_env, str) else type(name_or_env).__name__
     if isinstance(name_or_env, str) and name_or_env in registry():
         label = f"{name_or_env} ({registry()[name_or_env]})"
@@ -294,6 +312,8 @@ def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, **kwargs: 
         checker.run("malformed actions give observations", checker.malformed)
         checker.run("stepping a finished episode raises", checker.finished_raises)
         checker.run("no blocking call on the event loop", checker.no_blocking)
+        if adversarial:  # before close_releases, which closes the env
+            checker.run("reward hacks score no better than a wrong answer", checker.adversarial)
         checker.run("close() releases the sandbox", checker.close_releases)
     finally:
         with contextlib.suppress(Exception):
@@ -320,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("name", help="registered env name, package.module:Class, or path/to/file.py:Class")
     parser.add_argument("kwargs", nargs="*", help="constructor arguments as key=value (values read as YAML)")
     parser.add_argument("--max-loop-lag", type=float, default=0.5, help="seconds the event loop may stall")
+    parser.add_argument("--adversarial", action="store_true",
+                        help="also submit known reward hacks and require they score no better than a wrong answer")
     args = parser.parse_args(argv)
     if os.getcwd() not in sys.path:  # let "my_pkg.my_mod:MyEnv" resolve from the working directory
         sys.path.insert(0, os.getcwd())
@@ -328,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"agentrl env check: {e}", file=sys.stderr)
         return 2
-    report = check_env(args.name, max_loop_lag_s=args.max_loop_lag, **kwargs)
+    report = check_env(args.name, max_loop_lag_s=args.max_loop_lag, adversarial=args.adversarial, **kwargs)
     print(report)
     return 0 if report.ok else 1
 

@@ -335,8 +335,8 @@ def extract_code(text: str) -> str:
 def _defines(source: str, name: str) -> bool:
     try:
         tree = ast.parse(source)
-    except SyntaxError:
-        return False
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # policy text: any of these (3.11's
+        return False  # parser raises MemoryError on some long invalid inputs, ValueError on NUL bytes)
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
 
 
@@ -387,7 +387,7 @@ async def run_hidden_tests(sandbox: Sandbox, task: Task, submission: str, timeou
 def _parses(source: str) -> bool:
     try:
         ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return False
     return True
 

@@ -130,7 +130,7 @@ class DockerSandbox(AgentSandbox):
             nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids, read_only=self.read_only,
             # /work and /tmp are size-capped tmpfs: the cap is /work's disk quota, and tmpfs pages
             # are charged to the container's memory cgroup, so neither can outgrow mem_limit
-            tmpfs={"/tmp": f"rw,exec,nosuid,size={lim.memory_mb}m",
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={max(lim.memory_mb // 2, 1)}m",
                    WORKDIR: f"rw,exec,nosuid,size={lim.disk_mb}m,mode=755"},
             working_dir=WORKDIR, hostname="sandbox",
             log_config=docker.types.LogConfig(type="none"),  # the engine keeps no copy of any output

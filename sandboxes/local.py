@@ -193,11 +193,11 @@ class LocalSandbox(AgentSandbox):
 
     def _tmpfs_args(self) -> list[str]:
         """Size-capped tmpfs mounts for every writable path: /work (disk_mb, the work dir's quota),
-        /tmp (memory_mb) and /dev/shm. They live in host memory and die with the sandbox; /work is
-        not a host dir, so neither its content nor the host's paths are visible outside/inside."""
+        /tmp (half of memory_mb, as on docker) and /dev/shm. They live in host memory and die with
+        the sandbox; /work is not a host dir, so mountinfo shows no host path for it."""
         mib = 2**20
         return ["--perms", "1777", "--size", str(SHM_MB * mib), "--tmpfs", "/dev/shm",
-                "--perms", "1777", "--size", str(self.limits.memory_mb * mib), "--tmpfs", "/tmp",
+                "--perms", "1777", "--size", str(max(self.limits.memory_mb // 2, 1) * mib), "--tmpfs", "/tmp",
                 "--perms", "0755", "--size", str(self.limits.disk_mb * mib), "--tmpfs", WORKDIR]
 
     def _command(self, argv: list[str], timeout: float) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 from agentrl.env import ToolEnv
 from agentrl.envs.search.questions import generate_questions
 from agentrl.envs.search.retriever import BM25Retriever, RemoteRetriever, Retriever
-from agentrl.envs.search.scoring import exact_match, token_f1
+from agentrl.envs.search.scoring import score
 from agentrl.tools import ToolResult, search, state_get, state_set, tool
 from agentrl.types import Task
 
@@ -117,5 +117,5 @@ class SearchEnv(ToolEnv):
         given = state_get(state, "answer") if state_get(state, "submitted", False) else None
         if given is None:
             return {"reward": 0.0, "answered": 0.0, "em": 0.0, "f1": 0.0}
-        em, f1 = exact_match(str(given), task["answers"]), token_f1(str(given), task["answers"])
+        em, f1 = score(str(given), task["answers"])
         return {"reward": em if self.reward_kind == "em" else f1, "answered": 1.0, "em": em, "f1": f1}

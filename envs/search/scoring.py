@@ -4,6 +4,10 @@ Normalisation and both metrics follow the SQuAD v1.1 evaluation script (Rajpurka
 "SQuAD: 100,000+ Questions for Machine Comprehension of Text"), which Search-R1 also uses for
 its outcome reward: lower-case, drop punctuation, drop the articles a/an/the, squeeze spaces.
 With several gold answers the best score counts.
+
+`score` adds one guard the SQuAD script has no need for (it scores humans, not a policy that
+optimises it): an answer far longer than every gold answer is a list of guesses, and token F1
+would pay it for the gold tokens it happens to contain, so it scores 0 ("as short as possible").
 """
 
 from __future__ import annotations
@@ -43,3 +47,20 @@ def token_f1(prediction: str, golds: list[str]) -> float:
     """Max over golds of the harmonic mean of token precision and recall (SQuAD F1)."""
     pred = normalize_answer(prediction).split()
     return max((_f1(pred, normalize_answer(g).split()) for g in golds), default=0.0)
+
+
+MAX_EXTRA_TOKENS = 8  # an answer may be this many normalised tokens longer than ...
+MAX_LENGTH_RATIO = 3  # ... this many times the longest gold answer, and no longer
+
+
+def is_guess_list(prediction: str, golds: list[str]) -> bool:
+    """Whether `prediction` is too long to be one answer (see the module docstring)."""
+    longest = max((len(normalize_answer(g).split()) for g in golds), default=1)
+    return len(normalize_answer(prediction).split()) > MAX_LENGTH_RATIO * longest + MAX_EXTRA_TOKENS
+
+
+def score(prediction: str, golds: list[str]) -> tuple[float, float]:
+    """(exact match, token F1) of a policy's answer; both 0 for a list of guesses."""
+    if is_guess_list(prediction, golds):
+        return 0.0, 0.0
+    return exact_match(prediction, golds), token_f1(prediction, golds)

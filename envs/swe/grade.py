@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import json
 import re
+import secrets
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,7 +34,8 @@ from .schema import resolve_source
 
 AGENTRL_DIR = ".agentrl"  # agentrl's files inside the work dir; listed in .git/info/exclude
 GIT = "git -c user.name=agentrl -c user.email=agentrl@localhost -c core.fileMode=false"
-PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+                             "tox.ini", "setup.cfg", "pyproject.toml",
                              "sitecustomize.py", "usercustomize.py", "noxfile.py"})
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 # Never part of the agent's diff: agentrl's files, and what running tools leaves in HOME (= work dir).
@@ -55,11 +57,22 @@ def is_test_file(path: str) -> bool:
             or any(part in TEST_DIRS for part in p.parts[:-1]))
 
 
+# Names that would shadow the test framework or the grading plugin on sys.path, and package
+# metadata that makes pytest load a plugin (entry points): never part of an agent's patch.
+SHADOW_NAMES = frozenset({"pytest", "_pytest", "pluggy", "iniconfig", "py", "agentrl_grade_plugin"})
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+
+
 def is_protected(path: str, task: dict[str, Any] | None = None) -> bool:
-    """A file the agent's patch may not change: tests, test configuration, import hooks."""
+    """A file the agent's patch may not change: tests, test configuration, import hooks, and
+    anything that shadows the test framework or registers a pytest plugin."""
     setup = (task or {}).get("environment_setup", {})
     p = PurePosixPath(path)
-    return (is_test_file(path) or p.name in PROTECTED_NAMES or p.suffix == ".pth"
+    tops = [path.split("/")[0]] + [path[len(r) + 1:].split("/")[0] for r in setup.get("pythonpath", ())
+                                   if path.startswith(str(r).rstrip("/") + "/")]  # names importable from sys.path
+    shadows = (any(t.removesuffix(".py") in SHADOW_NAMES for t in tops)
+               or any(part.endswith(METADATA_SUFFIXES) for part in p.parts))
+    return (shadows or is_test_file(path) or p.name in PROTECTED_NAMES or p.suffix == ".pth"
             or path.startswith(AGENTRL_DIR + "/") or path.startswith(".git/")
             or path in setup.get("test_files", ()) or path in setup.get("protected", ()))
 
@@ -202,25 +215,54 @@ def parse_pytest_summary(output: str) -> tuple[dict[str, str], dict[str, str]]:
     return statuses, messages
 
 
+PLUGIN_DIR = f"{AGENTRL_DIR}/plugin"
+PLUGIN_SOURCE = (Path(__file__).with_name("grade_plugin.py")).read_text()
+_RESULTS = "AGENTRL-RESULTS "
+
+
 def pytest_command(task: dict[str, Any], targets: list[str]) -> str:
-    """The shell command that runs pytest on `targets` at the work dir, reporting every test."""
+    """The shell command that runs pytest on `targets` at the work dir, reporting every test
+    through agentrl's grading plugin (grade_plugin.py; it reads a nonce on stdin)."""
     setup = task.get("environment_setup", {})
-    paths = ":".join(f"$PWD/{p}" for p in [f"{AGENTRL_DIR}/site", *setup.get("pythonpath", [])])
+    paths = ":".join(f"$PWD/{p}" for p in [PLUGIN_DIR, f"{AGENTRL_DIR}/site", *setup.get("pythonpath", [])])
     base = setup.get("test_cmd") or ("python3 -m pytest -p no:cacheprovider -o addopts= -rA --tb=short "
                                      "--color=no -q --continue-on-collection-errors")
     return (f'PYTHONPATH="{paths}${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONDONTWRITEBYTECODE=1 COLUMNS=400 '
-            f"{base} {' '.join(shlex.quote(t) for t in targets)}")
+            f"{base} -p agentrl_grade_plugin {' '.join(shlex.quote(t) for t in targets)}")
+
+
+def plugin_results(stdout: str, nonce: str) -> tuple[dict[str, str] | None, str]:
+    """The plugin's statuses from its one nonce-stamped line, or (None, why) when the run did not
+    produce exactly one such line or the plugin saw tampering."""
+    lines = [ln for ln in stdout.splitlines() if nonce in ln]
+    if len(lines) != 1 or not lines[0].startswith(f"{_RESULTS}{nonce} "):
+        return None, ("the test run ended before the grader's report (early exit?)" if not lines
+                      else "the grader's report was forged or repeated")
+    try:
+        report = json.loads(lines[0][len(_RESULTS) + len(nonce) + 1:])
+        statuses = {str(k): str(v) for k, v in report["results"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, "the grader's report is unreadable"
+    if report.get("tampered"):
+        return None, "tampering with the test run: " + "; ".join(map(str, report["tampered"][:5]))
+    return statuses, ""
 
 
 async def run_tests(sandbox: Sandbox, task: dict[str, Any], targets: list[str],
                     timeout: float | None = None) -> TestRun:
-    """Run pytest in the sandbox; a timeout or truncated output is reported, never hidden."""
+    """Run pytest in the sandbox; a timeout or truncated output is reported, never hidden. The
+    statuses come from agentrl's plugin, never from text the tested code could print."""
     timeout = timeout or float(task.get("environment_setup", {}).get("timeout_s", 120.0))
-    r = await sandbox.exec(pytest_command(task, targets), timeout=timeout)
+    await sandbox.write_file(f"{PLUGIN_DIR}/agentrl_grade_plugin.py", PLUGIN_SOURCE)
+    nonce = secrets.token_hex(16)
+    r = await sandbox.exec(pytest_command(task, targets), timeout=timeout, stdin=nonce + "\n")
     output = r.stdout + r.stderr
-    statuses, messages = parse_pytest_summary(r.stdout)
+    _, messages = parse_pytest_summary(r.stdout)
+    statuses, why = plugin_results(r.stdout, nonce)
     if r.truncated:
         raise RuntimeError(f"task {task.get('id')}: pytest output was truncated; raise sandbox.max_output_bytes")
+    if statuses is None:
+        statuses, output = {}, f"[agentrl grader: {why}]\n{output}"
     return TestRun(statuses, messages, output, r.exit_code, r.timed_out, r.seconds)
 
 
