@@ -385,3 +385,99 @@ async def test_editor_commands_in_bwrap(sandbox: Any) -> None:
     assert "is a directory" in (await edit(command="str_replace", path="pkg", old_str="x", new_str="y")).error
     assert "must be one of" in (await edit(command="delete", path="x")).error
     assert "needs file_text" in (await edit(command="create", path="n.py")).error
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 20: no argument a model can send makes a tool call raise (hypothesis, through real envs)
+# ---------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NASTY = st.sampled_from(["9" * 5000, "-" + "9" * 5000, "[" * 5000, "{" * 5000, "1e999999", "nan", "null",
+                          "\x00", "\udcff", "../../etc/passwd", "/", "", " ", "true", "[1, 2]", '{"a": 1}'])
+_SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
+            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40) | _NASTY)
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                             max_size=3), max_leaves=8)
+
+
+def _arguments(tool_obj: Any) -> st.SearchStrategy[Any]:
+    names = [*tool_obj.hints, "no_such_argument"]
+    return (st.dictionaries(st.sampled_from(names), _VALUES, max_size=len(names))
+            | _VALUES)  # not even an object, sometimes
+
+
+def test_int_argument_of_5000_digits_is_an_observation() -> None:
+    """The issue's case: Python's int-conversion digit limit must not escape tools/schema.py."""
+    with pytest.raises(ArgumentError, match="must be integer"):
+        coerce("9" * 5000, int, "k")
+    r = asyncio.run(search.call({"query": "x", "k": "9" * 5000}, retriever=None))
+    assert not r.ok and "argument 'k' must be integer" in r.error
+    r = asyncio.run(search.call({"query": "x", "k": 10**5000}, retriever=None))
+    assert not r.ok  # an int too large to print: still only an error message
+
+
+def _fuzz_env(env: Any, tasks: list[Any]) -> None:
+    """Every built-in tool of `env` with hypothesis-made arguments, as the model's tool-call text,
+    through the real env: each step must return, never raise."""
+    tool_and_args = st.one_of(*[st.tuples(st.just(t), _arguments(t)) for t in env.tools])
+
+    @settings(max_examples=40, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(tool_and_args)
+    def step(case: tuple[Any, Any]) -> None:
+        tool_obj, args = case
+        env.reset(options={"task": tasks[0]})
+        import json
+
+        try:
+            payload = json.dumps({"name": tool_obj.name, "arguments": args})
+        except ValueError:  # e.g. NaN is fine for json; only a value json cannot write lands here
+            return
+        obs, reward, *_ = env.step(f"<tool_call>{payload}</tool_call>")
+        assert isinstance(obs, list) and obs and all(isinstance(m.get("content"), str) for m in obs)
+        assert isinstance(reward, float)
+
+    try:
+        step()
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_arguments_never_raise_in_the_search_env() -> None:
+    from agentrl.envs.search.env import SearchEnv
+
+    env = SearchEnv()
+    _fuzz_env(env, env.tasks("train")[:1])
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_arguments_never_raise_in_sandbox_envs() -> None:
+    """python, bash, str_replace_editor and submit with a real bubblewrap sandbox."""
+    from agentrl.config import SandboxConfig
+    from agentrl.env import ToolEnv
+
+    class Everything(ToolEnv):
+        tools = (python, bash, str_replace_editor, submit)
+        needs_sandbox = True
+        tool_timeout_s = 5.0
+
+        def tasks(self, split: str = "train") -> list[dict[str, Any]]:
+            return [{"id": "0", "prompt": "anything"}]
+
+        async def reward(self, task: dict[str, Any], state: Any) -> float:
+            return 0.0
+
+    env = Everything(sandbox_config=SandboxConfig(backend="local", memory_mb=256))
+    _fuzz_env(env, env.tasks())
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_arguments_never_raise_in_the_code_env() -> None:
+    from agentrl.config import SandboxConfig
+    from agentrl.envs.code import CodeEnv
+
+    env = CodeEnv(num_tasks=1, sandbox_config=SandboxConfig(backend="local", memory_mb=256), test_timeout_s=3)
+    _fuzz_env(env, env.tasks("train"))
