@@ -4,7 +4,8 @@
 
 local_exec_*: `true` in a started bubblewrap sandbox; local_cold_start: bwrap + agent start + first
 exec; docker_warm_exec: `true` in a running container; docker_cold_start: container create + start
-+ agent + first exec; pool_acquire: acquisition from a warm pool (Docker when an engine answers,
++ agent + first exec; *_reset: reset() after a lease that left files and a background process;
+pool_acquire: acquisition from a warm pool (Docker when an engine answers,
 else local); concurrent_execs_per_s: 64 short execs (acquire, exec, release with reset) through a
 pool of 8. Targets on the 2-core dev machine: local exec p50 <= 15 ms, docker warm p50 <= 150 ms,
 pool acquire p50 <= 5 ms.
@@ -38,6 +39,22 @@ async def exec_latency(cfg: SandboxConfig, n: int) -> list[float]:
     try:
         await sb.exec("true")  # warm: start the container / run the one-time probe
         return await timed(lambda: sb.exec("true"), n)
+    finally:
+        await sb.close()
+
+
+async def reset_latency(cfg: SandboxConfig, n: int) -> list[float]:
+    """reset() after a lease that left files in /work, /tmp and /dev/shm and a background process:
+    kill every process but the agent, wipe, restore the tmpfs mounts, drop SysV IPC."""
+    sb = make_sandbox(cfg, run_id="bench")
+    samples = []
+    try:
+        for _ in range(n):
+            await sb.exec("mkdir -p a/b && echo x > a/b/f && echo y > /tmp/t && echo z > /dev/shm/s; sleep 100 &")
+            start = time.perf_counter()
+            await sb.reset()
+            samples.append((time.perf_counter() - start) * 1000)
+        return samples
     finally:
         await sb.close()
 
@@ -94,6 +111,7 @@ async def main(quick: bool) -> dict[str, object]:
     out["local_exec_p50_ms"] = round(percentile(lat, 50), 2)
     out["local_exec_p99_ms"] = round(percentile(lat, 99), 2)
     out["local_cold_start_p50_ms"] = round(percentile(await cold_start(local, 5 if quick else 20), 50), 1)
+    out["local_reset_p50_ms"] = round(percentile(await reset_latency(local, n // 2), 50), 2)
     acquire, rate = await pool_figures(local, n)
     out["local_pool_acquire_p50_ms"] = round(percentile(acquire, 50), 3)
     out["local_concurrent_execs_per_s"] = round(rate, 1)
@@ -103,6 +121,7 @@ async def main(quick: bool) -> dict[str, object]:
         out["docker_warm_exec_p99_ms"] = round(percentile(lat, 99), 2)
         cold = await cold_start(docker, 3 if quick else 10)
         out["docker_cold_start_p50_ms"] = round(percentile(cold, 50), 1)
+        out["docker_reset_p50_ms"] = round(percentile(await reset_latency(docker, n // 4), 50), 2)
         acquire, rate = await pool_figures(docker, n // 2)
         out["pool_backend"] = "docker"
     else:
