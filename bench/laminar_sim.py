@@ -1,39 +1,51 @@
-"""Laminar at cluster scale, by discrete-event simulation on a virtual clock (issue 10).
+"""Laminar at cluster scale: a discrete-event simulator calibrated against the paper (issue 19).
 
-    python bench/laminar_sim.py --gpus 256 [--quick]
+    python bench/laminar_sim.py --calibrate            # paper value, sim value, ratio; JSON line
+    python bench/laminar_sim.py --gpus 256 --model 7B  # every system at one scale; JSON line
+    python bench/laminar_sim.py --sweep --plots docs   # 64..1024 GPUs, PNGs + staleness histograms
+    python bench/laminar_sim.py --beyond               # agentrl's choices vs the paper's
+    python bench/laminar_sim.py --params               # every parameter with its source
 
-Four systems (plus a no-repack ablation of Laminar) share one simulated cluster and workload: `sync` (verl-like, colocated: generate,
-train, update), `one-step-off` (rollout and trainer on separate GPUs, batch k+1 generated while
-batch k trains, global weight sync), `global-async` (stream generation with partial rollouts:
-replicas refill continuously, every update pauses all of them) and `laminar` (relays + repack).
+What is real and what is simulated. The experience buffer (`ExperienceBuffer`: group writer,
+FIFO sampler, staleness tags and histogram), the manager's `repack_inputs`, Algorithm 1
+(`best_fit_repack`), the worker's `WorkerLoad` heartbeat and the relay's chain latency model
+(`broadcast_time`, `best_chunk_count`, `optimal_broadcast_time`) are agentrl's own code, called
+on a virtual clock. The engines, the trainer and the wires are models built only from the
+figures in `PARAMS` (hardware datasheets, the paper's setup, Qwen2.5 configs), each with its
+source:
 
-The simulation drives agentrl's own code: the `ExperienceBuffer` (group writer, FIFO sampler,
-staleness tags), the manager's `repack_inputs` + `best_fit_repack` (Algorithm 1) and the relay
-latency model `optimal_broadcast_time` (algorithms.md §1.2). Only the engines are simulated:
+- decode (vLLM, continuous batching): a replica of `tp` GPUs runs one step for all running
+  sequences; step = max(weights + KV bytes / HBM bandwidth, 2·P·b FLOPs / compute) + fixed
+  launch and TP all-reduce latency. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights,
+  divided by the model's KV bytes per token. Admission is FCFS while the KV fits (vLLM's 1%
+  watermark); when the KV fills, the newest sequence is preempted and later re-prefilled.
+- prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound.
+- training: 8·P FLOPs per token (forward + backward, plus the old-log-prob forward), 16
+  optimizer steps per iteration, each paying the gradient all-reduce across data-parallel
+  groups over the 400 Gb/s NICs.
+- weights: NCCL global sync = a pipelined ring broadcast of each rollout shard (the App. D
+  chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the master relay
+  (the actor's only stall), the App. D chain broadcast between relays, a PCIe load from the
+  local relay.
 
-- decode: every decoding sequence on a replica advances one token per step; a step costs
-  `t_step` while the batch is memory-bound (b ≤ B, the roofline batch) and `t_step·b/B` above;
-- trajectories: turns with lognormal token counts (σ=1.0 "agentrl", or σ=1.4 to mimic the skew
-  the Laminar paper reports), a lognormal tool latency between turns;
-- training: 6·params FLOPs per token at a fixed MFU on the trainer GPUs;
-- weights: stop-the-world sync = NCCL broadcast + engine reload; Laminar: push copy (actor
-  stall), chain broadcast T*(p) in the background, PCIe pull from the local relay.
-
-Prints one JSON line. All figures are simulated seconds.
+Every system runs on the paper's placements (Table 2) and workload (8192 trajectories = 512
+prompts × 16, 16K-token output cap, response lengths lognormal with p99/p50 = 10, Fig. 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import heapq
 import itertools
 import json
 import math
+import os
 import random
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,55 +53,135 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import repack_inputs
-from agentrl.laminar.relay import optimal_broadcast_time
+from agentrl.laminar.relay import best_chunk_count, broadcast_time, optimal_broadcast_time
 from agentrl.laminar.repack import best_fit_repack
 from agentrl.laminar.worker import WorkerLoad
 from agentrl.types import Segment, Status, Trajectory
 
+GB = 1e9
 
-@dataclass
+
+def _p(default: Any, source: str) -> Any:
+    return field(default=default, metadata={"source": source})
+
+
+@dataclass(frozen=True)
 class Params:
-    gpus: int = 256
-    tp: int = 2  # GPUs per rollout replica
-    trainer_frac: float = 0.5  # disaggregated systems: share of GPUs that train
-    prompts: int = 512  # global batch = prompts × G = 8192, as in the paper (strong scaling)
-    G: int = 16
-    concurrency: int = 256  # max trajectories per replica
-    roofline_b: int = 128  # B: largest memory-bound decode batch
-    t_step: float = 0.025  # s per decode step at b ≤ B (7B on one H800-class replica)
-    prompt_tokens: int = 512
-    turns_mean: float = 3.0
-    turn_mu: float = math.log(400)
-    turn_sigma: float = 1.0
-    max_turn_tokens: int = 8192
-    max_response_tokens: int = 16384  # the paper's maximum output: a trajectory truncates here
-    tool_mu: float = math.log(1.5)
-    tool_sigma: float = 0.8
-    params_b: float = 7.0  # model size, billions
-    gpu_flops: float = 989e12 * 0.4  # bf16 peak × MFU
-    kv_tokens: int = 256 * 8192  # KV capacity per replica, tokens
-    bytes_per_param: int = 2
-    nic_bps: float = 50e9  # relay-to-relay (400 Gb/s)
-    pcie_bps: float = 25e9
-    memcpy_bps: float = 20e9  # trainer GPU → master relay host memory
-    hop_start_s: float = 1e-4  # T_start of one chunk hop
-    sync_fixed_s: float = 4.0  # stop-the-world: pause, reshard, engine cache reset
-    repack_interval_s: float = 5.0
-    repack_overhead_s: float = 0.69  # measured in the paper: a repack round's fixed cost
-    prefill_tps: float = 20000.0  # tokens/s one replica re-prefills (KV rebuilt after a move or a
-    # weight swap under partial rollout: the old KV was computed by the old weights)
-    idle_rule: str = "fall"  # manager.repack_inputs: "fall" (default) or "prev" (pseudocode)
-    iterations: int = 8
-    warmup: int = 3
-    seed: int = 0
+    """Every physical or published figure the simulator uses, with its source. Nothing else
+    enters the model; no figure differs between systems except where the paper's setup does
+    (placement, TP size, concurrency, staleness bound)."""
+
+    # -- hardware: the paper's testbed (§8: 128 machines × 8 H800-80GB, NVLink, 8×400 Gb/s) --
+    gpus_per_node: int = _p(8, "paper §8 testbed")
+    gpu_mem: float = _p(80 * GB, "paper §8: H800-80GB")
+    hbm_bps: float = _p(3.35e12, "H800 SXM datasheet: 3.35 TB/s HBM3")
+    gpu_flops: float = _p(989e12, "H800 SXM datasheet: 989 TFLOPS dense BF16")
+    nic_bps: float = _p(50 * GB, "paper §8: 8×400 Gb/s per machine = 50 GB/s per GPU")
+    pcie_bps: float = _p(64 * GB, "PCIe Gen5 x16 (H800 host link), 64 GB/s per direction")
+    relay_bps: float = _p(100 * GB, "fitted: host-memory RDMA rate of one relay process (= 2 of the machine's "
+                          "8×400 Gb/s NICs), from the paper's 32B actor stall 0.64 s; it then predicts the "
+                          "72B stall and the 72B chain broadcast")
+    rdma_start_s: float = _p(5e-6, "paper App. D: T_start of an RDMA message ~5 µs")
+    nccl_chunk_bytes: int = _p(4 * 1024 * 1024, "NCCL default NCCL_BUFFSIZE 4 MiB (ring pipeline chunk)")
+    nvlink_bps: float = _p(400 * GB, "paper §8: 400 GB/s NVLink inside a machine")
+    nccl_start_s: float = _p(20e-6, "assumption: NCCL per-chunk ring step latency ~20 µs")
+    # -- efficiency of the engines (engineering figures, the same for every system) --
+    hbm_util: float = _p(0.80, "assumption: achievable fraction of HBM bandwidth reading weights (GEMV)")
+    attn_util: float = _p(0.50, "assumption: achievable fraction of HBM bandwidth in paged attention "
+                          "over long contexts (KV reads)")
+    mfu_decode: float = _p(0.50, "assumption: decode GEMM efficiency at large batch")
+    mfu_prefill: float = _p(0.50, "assumption: prefill MFU (vLLM chunked prefill)")
+    mfu_train: float = _p(0.40, "assumption: FSDP bf16 training MFU")
+    step_overhead_s: float = _p(3e-3, "assumption: vLLM per-step scheduling + sampling CPU time")
+    allreduce_latency_s: float = _p(8e-6, "assumption: NVLink all-reduce latency per call (2 per layer)")
+    engine_reload_s: float = _p(1.0, "assumption: vLLM weight reload + prefix-cache reset per sync")
+    rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
+    kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
+    gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
+    gpu_mem_util_colocated: float = _p(0.50, "verl default rollout.gpu_memory_utilization (colocated)")
+    # -- workload (paper §8, App. A) --
+    prompts: int = _p(512, "paper §8: 512 prompts × 16 = global batch 8192")
+    group: int = _p(16, "paper §8: 16 responses per prompt")
+    minibatches: int = _p(16, "paper §8: 16 mini-batch updates per iteration (throughput runs)")
+    prompt_tokens: int = _p(300, "assumption: a DAPO-Math-17k prompt with its template (~300 tokens, max 2K)")
+    max_response: int = _p(16384, "paper §8: maximum output 16K")
+    len_sigma: float = _p(0.99, "paper Fig. 2: p99 length = 10× median -> σ = ln10 / 2.326")
+    len_median: float = _p(2600.0, "fitted: median response length that reproduces Table 1's avg/max "
+                           "trajectory latency ratio 290/828 (Fig. 17 is not in the parsed text)")
+    concurrency: int = _p(1024, "paper App. A.2: max 1024 trajectories per replica (AReaL, Laminar)")
+    c_max: float = _p(0.99, "paper §5.2: C_max above 99% of the KV cache")
+    repack_interval_s: float = _p(5.0, "paper §5.1: periodic check every 5 s")
+    # -- the run --
+    warmup: int = _p(3, "iterations before measuring (paper: 10 warm-up, then 5 measured)")
+    iterations: int = _p(4, "measured iterations")
+    seed: int = _p(0, "one workload seed for every system")
 
     @property
-    def model_bytes(self) -> float:
-        return self.params_b * 1e9 * self.bytes_per_param
+    def batch(self) -> int:
+        return self.prompts * self.group
+
+
+@dataclass(frozen=True)
+class Model:
+    """Qwen2.5 configs (config.json on the model cards): params, layers, KV heads × head dim."""
+
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int = 128
+    rollout_tp: int = 1  # paper App. A.2 for AReaL/Laminar (7B: 1, 32B: 4, 72B: 8)
+    batched_tp: int = 2  # verl / one-step / stream (7B: 2, 32B: 4, 72B: 8)
+    fsdp: int = 8  # paper App. A.2: FSDP size 8 / 16 / 32
+
+    @property
+    def weight_bytes(self) -> float:
+        return 2 * self.params
+
+    @property
+    def kv_bytes(self) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2  # K and V, bf16
+
+
+MODELS = {
+    "7B": Model("7B", 7.6e9, 28, 4, rollout_tp=1, batched_tp=2, fsdp=8),
+    "32B": Model("32B", 32.8e9, 64, 8, rollout_tp=4, batched_tp=4, fsdp=16),
+    "72B": Model("72B", 72.7e9, 80, 8, rollout_tp=8, batched_tp=8, fsdp=32),
+}
+
+# Paper Table 2: (total, train, rollout) GPUs per system and model; verl is colocated.
+PLACEMENT: dict[str, dict[str, list[tuple[int, int, int]]]] = {
+    "one-step": {"7B": [(16, 8, 8), (32, 8, 24), (64, 16, 48), (128, 32, 96), (256, 40, 216)],
+                 "32B": [(32, 16, 16), (64, 32, 32), (128, 48, 80), (256, 64, 192), (512, 80, 432)],
+                 "72B": [(64, 32, 32), (128, 64, 64), (256, 96, 160), (512, 192, 320), (1024, 256, 768)]},
+    "areal": {"7B": [(16, 8, 8), (32, 16, 16), (64, 32, 32), (128, 64, 64), (256, 128, 128)],
+              "32B": [(32, 16, 16), (64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 256, 256)],
+              "72B": [(64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 320, 192), (1024, 640, 384)]},
+    "laminar": {"7B": [(16, 8, 8), (32, 24, 8), (64, 40, 24), (128, 80, 48), (256, 192, 64)],
+                "32B": [(32, 16, 16), (64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 256, 256)],
+                "72B": [(64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 192, 192), (1024, 256, 256)]},
+}
+PLACEMENT["stream"] = PLACEMENT["one-step"]
+PLACEMENT["laminar-no-repack"] = PLACEMENT["laminar"]
+
+
+def placement(system: str, model: str, gpus: int) -> tuple[int, int]:
+    """(train GPUs, rollout GPUs). Table 2 where the paper gives it; otherwise the nearest row
+    scaled proportionally (whole machines where possible); colocated systems use all GPUs."""
+    if system in ("verl", "april"):
+        return gpus, gpus
+    rows = PLACEMENT[system][model]
+    for total, train, roll in rows:
+        if total == gpus:
+            return train, roll
+    total, train, roll = min(rows, key=lambda r: abs(math.log(r[0] / gpus)))
+    tp = MODELS[model].rollout_tp
+    roll = max(tp, round(roll * gpus / total / tp) * tp)
+    return gpus - roll, roll
 
 
 # ---------------------------------------------------------------------------------------------
-# the virtual clock and the simulated engines
+# the virtual clock
 # ---------------------------------------------------------------------------------------------
 
 
@@ -102,486 +194,1044 @@ class Clock:
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._heap, (max(t, self.now), next(self._seq), fn, args))
 
-    def run(self, stop: Callable[[], bool]) -> None:
+    def run(self, stop: Callable[[], bool], horizon: float = 1e7) -> None:
         while self._heap and not stop():
             self.now, _, fn, args = heapq.heappop(self._heap)
+            if self.now > horizon:
+                raise RuntimeError(f"simulation passed {horizon:.0f} simulated seconds without finishing")
             fn(*args)
 
 
-@dataclass(eq=False)
-class SimTraj:
-    id: str
-    group: str
-    turns: list[int]
-    tools: list[float]
-    prompt: int
-    version: int = 0
-    turn: int = 0
-    ctx: int = 0  # tokens in context (KV footprint)
-    target: float = 0.0  # replica progress at which the current turn ends
-    replica: Replica | None = None
-    decoding: bool = False
-    left: int | None = None  # tokens left in the current turn after a move
-    tool_until: float = 0.0  # end of the tool call it waits on
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt + sum(self.turns)
-
-
-class Replica:
-    """Fluid decode model: all decoding sequences advance together, one token per step."""
-
-    def __init__(self, rid: str, sim: System) -> None:
-        self.id, self.sim = rid, sim
-        self.version = 0
-        self.trajs: set[SimTraj] = set()
-        self.heap: list[tuple[float, int, SimTraj]] = []  # decoding, by target progress
-        self.progress = 0.0
-        self.last = 0.0
-        self.epoch = 0
-        self.paused = False
-        self.peak = 0.0
-        self.c_last = 0.0
-        self.busy_s = 0.0  # time with ≥ 1 decoding sequence
-        self.util_s = 0.0  # ∫ min(b, B)/B dt
-
-    def _n_decoding(self) -> int:
-        return sum(1 for t in self.trajs if t.decoding)
-
-    def step_time(self, b: int) -> float:
-        p = self.sim.p
-        return p.t_step * max(1.0, b / p.roofline_b)
-
-    def advance(self) -> None:
-        now = self.sim.clock.now
-        b = self._n_decoding()
-        if b and not self.paused:
-            dt = now - self.last
-            self.progress += dt / self.step_time(b)
-            self.busy_s += dt
-            self.util_s += dt * min(b, self.sim.p.roofline_b) / self.sim.p.roofline_b
-        self.last = now
-
-    def schedule(self) -> None:
-        self.epoch += 1
-        while self.heap and not self.heap[0][2].decoding:
-            heapq.heappop(self.heap)
-        if self.paused or not self.heap:
-            return
-        b = self._n_decoding()
-        t = self.sim.clock.now + max(0.0, self.heap[0][0] - self.progress) * self.step_time(b)
-        self.sim.clock.at(t, self._on_decode, self.epoch)
-
-    def _on_decode(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            return
-        self.advance()
-        while self.heap and self.heap[0][0] <= self.progress + 1e-9:
-            _, _, t = heapq.heappop(self.heap)
-            if t.decoding and t.replica is self:
-                t.decoding = False
-                t.ctx += t.turns[t.turn]
-                t.turn += 1
-                if t.turn < len(t.turns):
-                    t.tool_until = self.sim.clock.now + t.tools[t.turn - 1]
-                    self.sim.clock.at(t.tool_until, self._tool_done, t)
-                else:
-                    self.trajs.discard(t)
-                    t.replica = None
-                    self.sim.finished(t, self)
-        self.schedule()
-
-    def _tool_done(self, t: SimTraj) -> None:
-        if t.replica is self:
-            self.decode(t)
-
-    def decode(self, t: SimTraj, delay: float = 0.0) -> None:
-        """Start (or continue) the current turn of `t` here."""
-        if delay:
-            self.sim.clock.at(self.sim.clock.now + delay, self._tool_done, t)
-            return
-        self.advance()
-        t.decoding = True
-        t.target = self.progress + (t.left if t.left is not None else t.turns[t.turn])
-        t.left = None
-        heapq.heappush(self.heap, (t.target, id(t), t))
-        self.schedule()
-
-    def add(self, t: SimTraj, delay: float = 0.0) -> None:
-        t.replica = self
-        self.trajs.add(t)
-        self.decode(t, max(delay, t.tool_until - self.sim.clock.now))
-
-    def take_all(self) -> list[SimTraj]:
-        """Repack source: hand over every trajectory (current turn restarts on the destination)."""
-        self.advance()
-        out = list(self.trajs)
-        for t in out:
-            if t.decoding:  # keeps what it generated of this turn
-                t.left = max(1, math.ceil(t.target - self.progress))
-            t.decoding = False
-            t.replica = None
-        self.trajs.clear()
-        self.schedule()
-        return out
-
-    def pause(self, seconds: float, then: Callable[[], None] | None = None) -> None:
-        self.advance()
-        self.paused = True
-        self.epoch += 1
-
-        def resume() -> None:
-            self.paused = False
-            self.last = self.sim.clock.now
-            # partial rollout: a sequence mid-turn keeps its progress on the new weights
-            self.schedule()
-            if then is not None:
-                then()
-
-        self.sim.clock.at(self.sim.clock.now + seconds, resume)
-
-    def load(self) -> WorkerLoad:
-        self.advance()
-        tokens = sum(t.ctx + (t.turns[t.turn] - max(0.0, t.target - self.progress) if t.decoding else 0)
-                     for t in self.trajs)
-        c = tokens / self.sim.p.kv_tokens
-        self.peak = max(self.peak, c)
-        prev, self.c_last = self.c_last, c
-        return WorkerLoad(self.id, self.version, len(self.trajs), tokens, c, self.peak, False, False,
-                          self.sim.clock.now, prev)
-
-
-# ---------------------------------------------------------------------------------------------
-# the four systems
-# ---------------------------------------------------------------------------------------------
-
-
-def run(coro: Any) -> Any:
-    """Drive a coroutine of agentrl's asyncio code that must not block (the clock is virtual)."""
+def drive(coro: Any) -> Any:
+    """Run one of agentrl's coroutines that must not block (the clock is virtual)."""
     try:
         coro.send(None)
     except StopIteration as e:
         return e.value
+    coro.close()
     raise RuntimeError("simulated call blocked")
 
 
-class System:
-    def __init__(self, name: str, p: Params) -> None:
-        self.name, self.p = name, p
-        self.clock = Clock()
-        self.rng = random.Random(p.seed)  # same seed: every system sees the same workload
-        self.groups = itertools.count()
-        disagg = name != "sync"
-        self.rollout_gpus = p.gpus - (int(p.gpus * p.trainer_frac) if disagg else 0)
-        self.trainer_gpus = int(p.gpus * p.trainer_frac) if disagg else p.gpus
-        self.replicas = [Replica(f"r{i}", self) for i in range(max(1, self.rollout_gpus // p.tp))]
+# ---------------------------------------------------------------------------------------------
+# trajectories and the engine
+# ---------------------------------------------------------------------------------------------
+
+
+class Seq:
+    """One trajectory: prompt + `length` response tokens, generated `done` so far."""
+
+    __slots__ = ("adm", "ctx0", "done", "group", "id", "length", "p0", "start", "version", "versions")
+
+    def __init__(self, sid: str, group: str, length: int, version: int, start: float) -> None:
+        self.id, self.group, self.length, self.version, self.start = sid, group, length, version, start
+        self.done = 0  # response tokens generated before the current admission
+        self.p0 = 0.0  # replica progress at admission
+        self.ctx0 = 0  # context tokens at admission (prompt + done)
+        self.adm = 0  # admissions so far: a heap entry of an earlier admission is stale
+        self.versions: set[int] = {version}
+
+
+class Replica:
+    """A vLLM-like engine: FCFS admission while the KV fits, one decode step for all running
+    sequences, preemption of the newest when the KV fills (fluid: all running sequences
+    advance one token per step; events at finishes and at KV-full)."""
+
+    def __init__(self, rid: str, sim: System, tp: int, mem_util: float) -> None:
+        p, m = sim.p, sim.model
+        self.id, self.sim, self.tp = rid, sim, tp
+        self.cap = (tp * p.gpu_mem * mem_util - m.weight_bytes) / m.kv_bytes  # KV tokens
+        if self.cap < p.prompt_tokens + p.max_response:
+            raise ValueError(f"{m.name} with TP={tp} leaves no room for one 16K sequence in KV")
         self.version = 0
-        self.buffer = ExperienceBuffer(p.G, capacity=10**6)
-        self.iter_end: list[float] = []
-        self.iter_tokens: list[int] = []
-        self.staleness: list[int] = []
-        self.repack_moves = 0
-        self.trainer_busy = False
+        self.running: dict[Seq, None] = {}  # admission order
+        self.waiting: deque[Seq] = deque()
+        self.heap: list[tuple[float, int, int, Seq]] = []  # (finish progress, tiebreak, admission, seq)
+        self.s_base = 0.0  # Σ(ctx0 − p0) over running: KV = s_base + n·progress
+        self.progress = 0.0
+        self.last = 0.0
+        self.stall_until = 0.0  # prefill or weight load in progress: no decode
+        self.epoch = 0
+        self.busy = False  # pulling weights / paused by a global sync
+        self.c_peak = 0.0
+        self.c_last = 0.0
+        self.kv_integral = 0.0  # ∫ KV/cap dt
+        self.tokens_out = 0.0  # response tokens decoded (throughput)
+        self.prefill_tokens = 0.0
+        t_w = m.weight_bytes / (tp * p.hbm_bps * p.hbm_util)
+        self._fixed = t_w + p.step_overhead_s + (2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0)
+        self._per_kv = m.kv_bytes / (tp * p.hbm_bps * p.attn_util)
+        self._per_seq = 2 * m.params / (tp * p.gpu_flops * p.mfu_decode)
+        self._prefill = 2 * m.params / (tp * p.gpu_flops * p.mfu_prefill)
+        self._overhead = p.step_overhead_s
 
-    # -- workload ------------------------------------------------------------------------------
-
-    def new_group(self, version: int) -> list[SimTraj]:
-        p, rng = self.p, self.rng
-        gid = f"g{next(self.groups)}"
-        out = []
-        for i in range(p.G):
-            n = 1 + min(int(rng.expovariate(1 / max(p.turns_mean - 1, 1e-9))), 15)
-            turns, total = [], 0
-            for _ in range(n):  # truncated at the response budget, like a real rollout
-                k = min(p.max_turn_tokens, max(8, int(rng.lognormvariate(p.turn_mu, p.turn_sigma))),
-                        p.max_response_tokens - total)
-                if k <= 0:
-                    break
-                turns.append(k)
-                total += k
-            n = len(turns)
-            tools = [rng.lognormvariate(p.tool_mu, p.tool_sigma) for _ in range(n - 1)]
-            out.append(SimTraj(f"{gid}/{i}", gid, turns, tools, p.prompt_tokens, version, ctx=p.prompt_tokens))
-        return out
+    # -- state ------------------------------------------------------------------------------
 
     @property
-    def groups_per_replica(self) -> int:
-        """Every system keeps the same work per replica: one global batch spread evenly (so no
-        system wins by generating far ahead of what the trainer consumes)."""
-        return max(1, min(self.p.concurrency // self.p.G, math.ceil(self.p.prompts / len(self.replicas))))
+    def n(self) -> int:
+        return len(self.running)
 
-    def train_time(self, tokens: int) -> float:
-        return 6 * self.p.params_b * 1e9 * tokens / (self.p.gpu_flops * self.trainer_gpus)
+    @property
+    def held(self) -> int:
+        return len(self.running) + len(self.waiting)
 
-    def sync_cost(self) -> float:
-        """Stop-the-world update: broadcast from the trainer to every engine, then reload."""
-        return self.p.model_bytes / self.p.nic_bps * 2 + self.p.sync_fixed_s
+    def kv(self) -> float:
+        return self.s_base + self.n * self.progress
 
-    # -- experience ----------------------------------------------------------------------------
+    def step_time(self) -> float:
+        n = len(self.running)
+        kv = self.s_base + n * self.progress
+        return max(self._fixed + kv * self._per_kv, n * self._per_seq + self._overhead)
 
-    def finished(self, t: SimTraj, r: Replica) -> None:
-        seg = Segment(token_ids=[0], loss_mask=[1], logprobs=[0.0], versions=[t.version])
-        traj = Trajectory(id=t.id, group_id=t.group, task_id=t.group, segments=[seg], status=Status.FINISHED,
-                          metrics={"tokens": float(t.tokens)})
-        run(self.buffer.write(traj))
-        self.on_finished(r)
-
-    def on_finished(self, r: Replica) -> None:
-        self.maybe_train()
-
-    def maybe_train(self) -> None:
-        if self.trainer_busy or run(self.buffer.ready()) < self.p.prompts:
+    def advance(self) -> None:
+        now = self.sim.clock.now
+        if now <= self.last:
             return
-        groups = run(self.buffer.sample(self.p.prompts))
-        trajs = [t for g in groups for t in g.trajectories]
-        self.staleness += [t.consumed_version - t.version for t in trajs]
-        tokens = int(sum(t.metrics["tokens"] for t in trajs))
-        self.trainer_busy = True
-        self.clock.at(self.clock.now + self.train_time(tokens), self.trained, tokens)
+        start = max(self.last, self.stall_until)
+        n = len(self.running)
+        kv = self.s_base + n * self.progress
+        if n and start < now and not self.busy:
+            steps = (now - start) / self.step_time()
+            self.progress += steps
+            self.tokens_out += steps * n
+        self.kv_integral += (now - self.last) * min(1.0, kv / self.cap)
+        self.last = now
 
-    def trained(self, tokens: int) -> None:
+    def schedule(self) -> None:
+        self.epoch += 1
+        while self.heap and not self._live(self.heap[0]):
+            heapq.heappop(self.heap)
+        if not self.running or self.busy:
+            return
+        st = self.step_time()
+        steps = self.heap[0][0] - self.progress
+        n = len(self.running)
+        room = self.cap - self.s_base - n * self.progress
+        if room > 0:
+            steps = min(steps, room / n + 1e-6)
+        elif n > 1:
+            steps = 0.0  # preempt now
+        start = max(self.sim.clock.now, self.stall_until)
+        self.sim.clock.at(start + max(0.0, steps) * st, self._on_event, self.epoch)
+
+    def _on_event(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return
+        self.advance()
+        finished = []
+        while self.heap and self.heap[0][0] <= self.progress + 1e-6:
+            entry = heapq.heappop(self.heap)
+            s = entry[3]
+            if self._live(entry):
+                self._remove(s)
+                finished.append(s)
+        if self.kv() >= self.cap:  # vLLM preempts the newest running sequence (recompute)
+            target = self.cap * (1 - self.sim.p.kv_watermark)
+            while self.n > 1 and self.kv() > target:
+                s, _ = self.running.popitem()
+                self._unrun(s)
+                self.waiting.appendleft(s)
+            self.sim.counters["preemptions"] += 1
+        self.admit()
+        self.schedule()
+        for s in finished:
+            self.sim.finished(s, self)
+        if not self.held:
+            self.sim.on_empty(self)
+
+    # -- sequences --------------------------------------------------------------------------
+
+    def _live(self, entry: tuple[float, int, int, Seq]) -> bool:
+        return entry[3] in self.running and entry[3].adm == entry[2]
+
+    def _ctx(self, s: Seq) -> int:
+        return self.sim.p.prompt_tokens + s.done
+
+    def _remove(self, s: Seq) -> None:
+        del self.running[s]
+        self.s_base -= s.ctx0 - s.p0
+        s.done = s.length
+
+    def _unrun(self, s: Seq) -> None:
+        """Take a running sequence off the engine, keeping the tokens it generated."""
+        self.s_base -= s.ctx0 - s.p0
+        s.done += int(self.progress - s.p0)
+
+    def admit(self) -> None:
+        """FCFS while the KV (plus the watermark) has room; prefills block decoding."""
+        limit = self.cap * (1 - self.sim.p.kv_watermark)
+        kv = self.kv()
+        prefill = 0.0
+        conc = self.sim.p.concurrency
+        while self.waiting and len(self.running) < conc:
+            s = self.waiting[0]
+            ctx = self._ctx(s)
+            if kv + ctx > limit:
+                break
+            self.waiting.popleft()
+            prefill += ctx  # new prompt, or the whole context of a preempted / moved sequence
+            s.adm += 1
+            s.p0, s.ctx0 = self.progress, ctx
+            self.running[s] = None
+            self.s_base += ctx - self.progress
+            kv += ctx
+            heapq.heappush(self.heap, (self.progress + (s.length - s.done), id(s), s.adm, s))
+        if prefill:
+            self.stall(prefill * self._prefill)
+            self.prefill_tokens += prefill
+        self.c_peak = max(self.c_peak, kv / self.cap)
+
+    def stall(self, seconds: float) -> None:
+        self.advance()
+        self.stall_until = max(self.stall_until, self.sim.clock.now) + seconds
+
+    def add(self, seqs: Iterable[Seq], front: bool = False) -> None:
+        self.advance()
+        seqs = list(seqs)
+        if front:
+            self.waiting.extendleft(reversed(seqs))
+        else:
+            self.waiting.extend(seqs)
+        self.admit()
+        self.schedule()
+
+    def take_all(self) -> list[Seq]:
+        """Repack source / partial-rollout abort: every sequence leaves with its tokens."""
+        self.advance()
+        out = list(self.running)
+        for s in out:
+            self._unrun(s)
+        self.running.clear()
+        self.heap.clear()
+        self.s_base = 0.0
+        out += list(self.waiting)
+        self.waiting.clear()
+        self.schedule()
+        return out
+
+    def drop_kv(self) -> int:
+        """New weights under partial rollout: every running sequence's KV is stale (AReaL)."""
+        self.advance()
+        seqs = list(self.running)
+        for s in seqs:
+            self._unrun(s)
+        self.running.clear()
+        self.heap.clear()
+        self.s_base = 0.0
+        self.waiting.extendleft(reversed(seqs))
+        return sum(self._ctx(s) for s in seqs)
+
+    def set_busy(self, busy: bool) -> None:
+        self.advance()
+        self.busy = busy
+        if not busy:
+            self.admit()
+        self.schedule()
+
+    def load(self) -> WorkerLoad:
+        """The heartbeat agentrl's worker sends (KV use as c_used; peak since the batch)."""
+        self.advance()
+        c = min(1.0, self.kv() / self.cap)
+        prev, self.c_last = self.c_last, c
+        return WorkerLoad(self.id, self.version, self.held, int(self.kv()), c, self.c_peak, self.busy, False,
+                          self.sim.clock.now, prev)
+
+
+# ---------------------------------------------------------------------------------------------
+# systems
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    """agentrl's knobs (defaults: the paper's behaviour where it states one)."""
+
+    idle_rule: str = "fall"  # manager.repack_inputs
+    fetch_policy: str = "wait_inflight"  # relay.fetch_latest
+    relay_chunk_bytes: int | None = None  # None: App. D optimum k*; else agentrl's fixed chunk size
+    max_staleness: int | None = None  # buffer bound (None = the paper)
+    repack: bool = True
+
+
+class System:
+    colocated = False
+    name = "base"
+
+    def __init__(self, p: Params, model: str, gpus: int, opts: Options | None = None) -> None:
+        self.p, self.model, self.gpus = p, MODELS[model], gpus
+        self.opts = opts or Options()
+        self.clock = Clock()
+        self.rng = random.Random(p.seed)
+        self.gids = itertools.count()
+        self.train_gpus, self.roll_gpus = placement(self.name, model, gpus)
+        tp = self.tp()
+        util = p.gpu_mem_util_colocated if self.colocated else p.gpu_mem_util_disagg
+        self.replicas = [Replica(f"r{i}", self, tp, util) for i in range(max(1, self.roll_gpus // tp))]
+        self.version = 0
+        self.buffer = ExperienceBuffer(p.group, capacity=10**7, max_staleness=self.opts.max_staleness)
+        self.iter_end: list[float] = []
+        self.iter_tokens: list[int] = []
+        self.latencies: list[float] = []
+        self.counters: Counter[str] = Counter()
+        self.consumed_staleness: Counter[int] = Counter()
         self.trainer_busy = False
-        self.iter_tokens.append(tokens)
-        self.update_weights()
+        self.trainer_stall = 0.0
+        self.waits: list[float] = []  # rollout waiting time per weight update
 
-    def update_weights(self) -> None:
-        raise NotImplementedError
+    def tp(self) -> int:
+        return self.model.batched_tp
 
-    def start(self) -> None:
-        raise NotImplementedError
+    # -- workload ---------------------------------------------------------------------------
 
-    def finish_iteration(self) -> None:
+    def new_group(self, version: int) -> list[Seq]:
+        p, rng = self.p, self.rng
+        gid = f"g{next(self.gids)}"
+        now = self.clock.now
+        out = []
+        for i in range(p.group):
+            n = int(rng.lognormvariate(math.log(p.len_median), p.len_sigma))
+            out.append(Seq(f"{gid}/{i}", gid, max(16, min(p.max_response, n)), version, now))
+        return out
+
+    # -- training ---------------------------------------------------------------------------
+
+    def train_time(self, tokens: float, steps: int) -> float:
+        """8·P FLOPs per token on the trainer GPUs + per step the gradient all-reduce of each
+        GPU's FSDP shard (fp32) across data-parallel groups over the NICs."""
+        p, m = self.p, self.model
+        compute = 8 * m.params * tokens / (self.train_gpus * p.gpu_flops * p.mfu_train)
+        groups = self.train_gpus // m.fsdp
+        comm = 2 * 4 * m.params / m.fsdp / p.nic_bps * (groups - 1) / groups if groups > 1 else 0.0
+        return compute + steps * comm
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def nccl_sync_s(self) -> float:
+        """GPU-direct global sync: each rollout shard goes down an NCCL ring (a pipelined
+        chain, App. D model in 4 MiB chunks) to every replica, then the engine reloads."""
+        p, m = self.p, self.model
+        shard = m.weight_bytes / self.tp()
+        k = max(1, int(shard // p.nccl_chunk_bytes))
+        return broadcast_time(len(self.replicas) + 1, k, shard, 1 / p.nic_bps, p.nccl_start_s) + p.engine_reload_s
+
+    # -- experience -------------------------------------------------------------------------
+
+    def finished(self, s: Seq, r: Replica) -> None:
+        self.latencies.append(self.clock.now - s.start)
+        v = min(s.versions)  # the oldest policy that wrote a token (AReaL's staleness)
+        seg = Segment(token_ids=[0], loss_mask=[1], logprobs=[0.0], versions=[v])
+        traj = Trajectory(id=s.id, group_id=s.group, task_id=s.group, segments=[seg], status=Status.FINISHED,
+                          metrics={"tokens": float(self.p.prompt_tokens + s.length)})
+        drive(self.buffer.write(traj))
+        self.on_finished(s, r)
+
+    def on_finished(self, s: Seq, r: Replica) -> None:
+        pass
+
+    def on_empty(self, r: Replica) -> None:
+        pass
+
+    def sample(self, n_groups: int) -> tuple[int, list[Trajectory]]:
+        groups = drive(self.buffer.sample(n_groups))
+        trajs = [t for g in groups for t in g.trajectories]
+        for g in groups:  # staleness the trainer sees: its version − the generating version
+            self.consumed_staleness[self.version - (g.version or 0)] += len(g.trajectories)
+        return int(sum(t.metrics["tokens"] for t in trajs)), trajs
+
+    def publish(self, tokens: int) -> None:
         self.version += 1
-        run(self.buffer.set_version(self.version))
+        drive(self.buffer.set_version(self.version))
         self.iter_end.append(self.clock.now)
+        self.iter_tokens.append(tokens)
 
-    # -- results -------------------------------------------------------------------------------
+    # -- results ----------------------------------------------------------------------------
+
+    def done(self) -> bool:
+        return len(self.iter_end) > self.p.warmup + self.p.iterations
 
     def simulate(self) -> dict[str, Any]:
         self.start()
-        self.clock.run(lambda: len(self.iter_end) >= self.p.iterations)
-        w = min(self.p.warmup, len(self.iter_end) - 2)
+        self.clock.run(self.done)
+        w = self.p.warmup
         span = self.iter_end[-1] - self.iter_end[w]
-        tokens = sum(self.iter_tokens[w + 1:len(self.iter_end)])
-        trajs = (len(self.iter_end) - 1 - w) * self.p.prompts * self.p.G
+        n = len(self.iter_end) - 1 - w
+        tokens = sum(self.iter_tokens[w + 1:])
         now = self.clock.now
         for r in self.replicas:
             r.advance()
-        busy = sum(r.busy_s for r in self.replicas) / (now * len(self.replicas))
-        util = sum(r.util_s for r in self.replicas) / (now * len(self.replicas))
-        st = sorted(self.staleness) or [0]
-        return {"tokens_per_s": tokens / span, "trajs_per_s": trajs / span,
-                "iteration_s": span / (len(self.iter_end) - 1 - w),
-                "rollout_idle_frac": round(1 - busy, 4), "rollout_decode_util": round(util, 4),
-                "staleness_p50": st[len(st) // 2], "staleness_p99": st[int(len(st) * 0.99) - 1 if len(st) > 1 else 0],
-                "staleness_max": st[-1], "repack_moves": self.repack_moves,
-                "repack_moved_trajs": len(getattr(self, "moved_ids", ())),
-                "replicas": len(self.replicas), "trainer_gpus": self.trainer_gpus}
+        t0 = self.iter_end[w]
+        hist = drive(self.buffer.stats())["staleness_hist"]
+        lat = sorted(self.latencies) or [0.0]
+        gen = sum(r.tokens_out for r in self.replicas)
+        return {"tokens_per_s": tokens / span, "iteration_s": span / n, "sim_s": now,
+                "gen_tokens_per_s": gen / now, "kv_util": sum(r.kv_integral for r in self.replicas) / (now * len(self.replicas)),
+                "latency_avg_s": sum(lat) / len(lat), "latency_max_s": lat[-1],
+                "staleness_hist": hist, "staleness_max": max(hist) if hist else 0,
+                "consumed_staleness_hist": dict(sorted(self.consumed_staleness.items())),
+                "trainer_stall_s": self.trainer_stall / max(1, len(self.iter_end)),
+                "rollout_wait_s": sum(self.waits) / len(self.waits) if self.waits else 0.0,
+                "rollout_wait_min_s": min(self.waits) if self.waits else 0.0,
+                "train_gpus": self.train_gpus, "rollout_gpus": self.roll_gpus, "replicas": len(self.replicas),
+                "evicted_groups": self.buffer.counts["groups_evicted_stale"],
+                "measured_from_s": t0, **{k: v for k, v in self.counters.items()}}
+
+    def start(self) -> None:
+        raise NotImplementedError
 
 
 class Batched(System):
-    """sync and one-step-off: batches spread over all replicas; a global update between them.
+    """verl (colocated, on-policy), one-step staleness and stream generation: the global batch
+    spread over all replicas, a global weight sync between batches.
 
-    sync starts batch k once version k is loaded; one-step-off once version k−1 is (batch k
-    generates while batch k−1 trains)."""
+    Batch j may start generating when version >= j − lag; one-step and verl train batch j once
+    it is complete; stream trains each mini-batch (32 groups) as soon as it is complete."""
 
-    def __init__(self, name: str, p: Params) -> None:
-        super().__init__(name, p)
-        self.in_flight = 0
-        self.started = 0  # batches started
+    lag = 0
+    stream = False
 
     def start(self) -> None:
-        self.try_generate()
+        self.started = 0
+        self.in_flight = 0
+        self.loaded = 0  # version on the rollouts
+        self.trained_mb = 0  # mini-batches of the current iteration trained
+        self.next_gen()
 
-    def try_generate(self) -> None:
-        lag = 1 if self.name == "one-step-off" else 0
-        if self.in_flight or self.started - self.version > lag:
+    def next_gen(self) -> None:
+        if self.in_flight or self.started - self.version > self.lag:
+            return
+        if self.colocated and self.trainer_busy:
+            return
+        if self.loaded < self.version:  # global sync before the batch
+            cost = self.sync_cost()
+            self.waits.append(cost)
+            self.trainer_stall += cost
+            self.loaded = self.version
+            for r in self.replicas:
+                r.set_busy(True)
+            self.in_flight = -1
+            self.clock.at(self.clock.now + cost, self._synced)
             return
         self.started += 1
-        self.in_flight = self.p.prompts * self.p.G
-        for i in range(self.p.prompts):  # round-robin; a group stays on one replica
-            r = self.replicas[i % len(self.replicas)]
-            for t in self.new_group(self.version):
-                r.add(t)
+        self.in_flight = self.p.batch
+        groups = [self.new_group(self.loaded) for _ in range(self.p.prompts)]
+        for i, r in enumerate(self.replicas):
+            r.version = self.loaded
+            r.add(s for g in groups[i::len(self.replicas)] for s in g)
 
-    def on_finished(self, r: Replica) -> None:
+    def _synced(self) -> None:
+        self.in_flight = 0
+        for r in self.replicas:
+            r.set_busy(False)
+        self.next_gen()
+
+    def sync_cost(self) -> float:
+        return self.nccl_sync_s()
+
+    def on_finished(self, s: Seq, r: Replica) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
-            self.try_generate()
-            self.maybe_train()
+            self.next_gen()
+        self.maybe_train()
 
-    def update_weights(self) -> None:
-        cost = self.sync_cost()
-        self.trainer_busy = True  # the trainer drives the global broadcast
+    def maybe_train(self) -> None:
+        if self.trainer_busy:
+            return
+        ready = drive(self.buffer.ready())
+        mb = self.p.prompts // self.p.minibatches
+        if self.stream:
+            if ready < mb:
+                return
+            tokens, _ = self.sample(mb)
+            steps = 1
+        else:
+            if ready < self.p.prompts:
+                return
+            tokens, _ = self.sample(self.p.prompts)
+            steps = self.p.minibatches
+        self.trainer_busy = True
+        self.pending_tokens = getattr(self, "pending_tokens", 0) + tokens
+        self.clock.at(self.clock.now + self.train_time(tokens, steps), self._trained, steps)
 
-        def done() -> None:
-            self.trainer_busy = False
-            self.finish_iteration()
-            self.try_generate()
-            self.maybe_train()
+    def _trained(self, steps: int) -> None:
+        self.trainer_busy = False
+        self.trained_mb += steps
+        if self.trained_mb >= self.p.minibatches:
+            self.trained_mb = 0
+            tokens, self.pending_tokens = self.pending_tokens, 0
+            self.publish(tokens)
+            self.next_gen()
+        self.maybe_train()
 
-        for r in self.replicas:
-            r.pause(cost)
-        self.clock.at(self.clock.now + cost, done)
+
+class Verl(Batched):
+    """verl v0.5 colocated: generate on all GPUs, then train on all GPUs, then reshard."""
+
+    name = "verl"
+    colocated = True
+
+    def sync_cost(self) -> float:
+        """Colocated resharding: each GPU gathers its rollout shard over NVLink (400 GB/s)
+        inside the machine, then the engine wakes (reload, cache reset)."""
+        m, p = self.model, self.p
+        return m.weight_bytes / self.tp() / p.nvlink_bps + p.engine_reload_s
 
 
-class GlobalAsync(System):
-    """Stream generation, partial rollouts, a global pause for every update (AReaL-like)."""
+class OneStep(Batched):
+    name = "one-step"
+    lag = 1
+
+
+class Stream(Batched):
+    name = "stream"
+    lag = 1
+    stream = True
+
+
+class Continuous(System):
+    """Rollouts that hold up to `concurrency` trajectories each (AReaL, Laminar); the trainer
+    takes 512 whole groups (FIFO) whenever they are ready."""
+
+    def tp(self) -> int:
+        return self.model.rollout_tp
+
+    def refill_groups(self, r: Replica) -> int:
+        return (self.p.concurrency - r.held) // self.p.group
+
+    def give(self, r: Replica, version: int) -> None:
+        k = self.refill_groups(r)
+        if k > 0:
+            r.add(s for _ in range(k) for s in self.new_group(version))
+
+    def maybe_train(self) -> None:
+        if self.trainer_busy or drive(self.buffer.ready()) < self.p.prompts:
+            return
+        tokens, _ = self.sample(self.p.prompts)
+        self.trainer_busy = True
+        self.clock.at(self.clock.now + self.train_time(tokens, self.p.minibatches), self._trained, tokens)
+
+    def _trained(self, tokens: int) -> None:
+        raise NotImplementedError
+
+
+class AReaL(Continuous):
+    """AReaL v0.3: stream generation with partial rollout, staleness unbounded. Every update
+    interrupts every replica: global NCCL sync, then every running sequence is re-prefilled
+    under the new weights (its KV was computed by the old ones)."""
+
+    name = "areal"
 
     def start(self) -> None:
         for r in self.replicas:
-            self.refill(r)
+            self.give(r, 0)
 
-    def refill(self, r: Replica) -> None:
-        while len(r.trajs) + self.p.G <= self.groups_per_replica * self.p.G:
-            for t in self.new_group(self.version):
-                r.add(t)
-
-    def on_finished(self, r: Replica) -> None:
-        if not r.paused:
-            self.refill(r)
+    def on_finished(self, s: Seq, r: Replica) -> None:
+        if not r.busy:
+            self.give(r, r.version)
         self.maybe_train()
 
-    def update_weights(self) -> None:
-        cost = self.sync_cost()
-        self.trainer_busy = True
+    def _trained(self, tokens: int) -> None:
+        cost = self.nccl_sync_s()
+        self.trainer_stall += cost
+        self.waits.append(cost)
 
         def done() -> None:
             self.trainer_busy = False
-            self.finish_iteration()
+            self.publish(tokens)
+            for r in self.replicas:
+                r.version = self.version
+                for s in list(r.running) + list(r.waiting):
+                    s.versions.add(self.version)
+                r.set_busy(False)
+                self.give(r, r.version)
             self.maybe_train()
 
-        for r in self.replicas:  # partial rollout: every in-flight context is re-prefilled
-            ctx = sum(t.ctx for t in r.trajs)
-            r.pause(cost + ctx / self.p.prefill_tps, then=lambda r=r: self.refill(r))
+        for r in self.replicas:
+            r.set_busy(True)
+            r.drop_kv()  # resumes re-prefill through admission once the replica is unpaused
         self.clock.at(self.clock.now + cost, done)
 
 
-class Laminar(System):
-    """Relays + per-replica weight pulls + Best-Fit repack (algorithms.md §1)."""
+class Laminar(Continuous):
+    """Relays (push, chain broadcast, PCIe pull), per-replica batches, Best-Fit repack."""
 
-    def __init__(self, name: str, p: Params) -> None:
-        super().__init__(name, p)
-        self.relay_version: list[tuple[float, int]] = [(0.0, 0)]  # (arrival at the relays, version)
+    name = "laminar"
+
+    def __init__(self, p: Params, model: str, gpus: int, opts: Options | None = None) -> None:
+        super().__init__(p, model, gpus, opts)
+        self.relay_at: list[tuple[float, int]] = [(0.0, 0)]  # (arrival at every relay, version)
         self.pulling: set[Replica] = set()
-        self.moved_ids: set[str] = set()
+        self.repacked: set[str] = set()
+        self.move_costs: list[float] = []
+        self.trajs_per_move: list[int] = []
 
     def start(self) -> None:
         for r in self.replicas:
             self.take_batch(r)
-        self.clock.at(self.p.repack_interval_s, self.periodic_repack)
-
-    def latest_at_relay(self) -> int:
-        return max(v for t, v in self.relay_version if t <= self.clock.now)
+        if self.opts.repack:
+            self.clock.at(self.p.repack_interval_s, self.periodic_repack)
 
     def take_batch(self, r: Replica) -> None:
-        r.peak = 0.0
-        for _ in range(self.groups_per_replica):
-            for t in self.new_group(r.version):
-                r.add(t)
+        r.c_peak = 0.0
+        self.give(r, r.version)
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def relays(self) -> int:
+        return max(2, -(-self.roll_gpus // self.p.gpus_per_node))
+
+    def broadcast_s(self) -> float:
+        p, m = self.p, self.model
+        n = self.relays()
+        if self.opts.relay_chunk_bytes is None:
+            k = best_chunk_count(n, m.weight_bytes, 1 / p.relay_bps, p.rdma_start_s)
+        else:
+            k = max(1, math.ceil(m.weight_bytes / self.opts.relay_chunk_bytes))
+        return broadcast_time(n, k, m.weight_bytes, 1 / p.relay_bps, p.rdma_start_s)
+
+    def push_s(self) -> float:
+        return self.model.weight_bytes / self.p.relay_bps
+
+    def pull_s(self) -> float:
+        return self.model.weight_bytes / self.tp() / self.p.pcie_bps
+
+    def local_version(self) -> int:
+        return max(v for t, v in self.relay_at if t <= self.clock.now + 1e-9)
+
+    def on_finished(self, s: Seq, r: Replica) -> None:
+        self.maybe_train()
 
     def on_empty(self, r: Replica) -> None:
-        """Pull the newest weights from the colocated relay over PCIe, then a fresh batch."""
-        if r.trajs or r in self.pulling:
+        """Batch done (or released by repack): pull the newest weights, take a new batch."""
+        if r.held or r in self.pulling:
             return
-        v = self.latest_at_relay()
-        if v == r.version:
+        target, arrive = self.local_version(), self.clock.now
+        if self.opts.fetch_policy == "wait_inflight" and self.relay_at[-1][1] > target:
+            arrive, target = self.relay_at[-1]
+        if target == r.version:
             self.take_batch(r)
             return
         self.pulling.add(r)
+        r.busy = True
+        wait = arrive - self.clock.now + self.pull_s()
+        self.waits.append(wait)
 
         def loaded() -> None:
             self.pulling.discard(r)
-            r.version = v
+            r.version = target
+            r.busy = False
+            r.last = max(r.last, self.clock.now)
             self.take_batch(r)
 
-        self.clock.at(self.clock.now + self.p.model_bytes / self.p.pcie_bps, loaded)
+        self.clock.at(self.clock.now + wait, loaded)
 
-    def on_finished(self, r: Replica) -> None:
-        if not r.trajs:
-            self.on_empty(r)
-        self.maybe_train()
-
-    def update_weights(self) -> None:
-        p = self.p
-        stall = p.model_bytes / p.memcpy_bps  # the trainer's only wait: copy to the master relay
-        relays = max(2, p.gpus // 8)  # one relay per 8-GPU machine
-        broadcast = optimal_broadcast_time(relays, p.model_bytes, 1 / p.nic_bps, p.hop_start_s)
+    def _trained(self, tokens: int) -> None:
+        stall = self.push_s()
+        self.trainer_stall += stall
 
         def pushed() -> None:
-            self.finish_iteration()
-            self.relay_version.append((self.clock.now + broadcast, self.version))
-            self.clock.at(self.clock.now + broadcast, self.wake_idle)
-            self.repack()
+            self.trainer_busy = False
+            self.publish(tokens)
+            self.relay_at.append((self.clock.now + self.broadcast_s(), self.version))
+            self.clock.at(self.relay_at[-1][0], self.wake_idle)
+            if self.opts.repack:
+                self.repack()
             self.maybe_train()
 
         self.clock.at(self.clock.now + stall, pushed)
 
     def wake_idle(self) -> None:
         for r in self.replicas:
-            if not r.trajs:
+            if not r.held:
                 self.on_empty(r)
+
+    # -- repack -----------------------------------------------------------------------------
 
     def periodic_repack(self) -> None:
         self.repack()
-        self.clock.at(self.clock.now + self.p.repack_interval_s, self.periodic_repack)
+        if not self.done():
+            self.clock.at(self.clock.now + self.p.repack_interval_s, self.periodic_repack)
 
     def repack(self) -> None:
-        """The manager's own code: loads grouped by version → Algorithm 1 → move whole replicas."""
-        if self.name == "laminar-no-repack":  # ablation: relays and per-replica pulls only
-            return
+        """agentrl's manager code: loads grouped by version -> Algorithm 1 -> move everything."""
         by_id = {r.id: r for r in self.replicas}
         loads = [r.load() for r in self.replicas if r not in self.pulling]
-        for _version, group in repack_inputs(loads, self.p.idle_rule).items():
-            for src, dst in best_fit_repack(group, 0.99, self.p.roofline_b):
+        b = roofline_batch(self.p, self.model)
+        for _version, group in repack_inputs(loads, self.opts.idle_rule).items():
+            for src, dst in best_fit_repack(group, self.p.c_max, b):
                 s, d = by_id[src], by_id[dst]
                 moved = s.take_all()
-                prefill = sum(t.ctx for t in moved) / self.p.prefill_tps  # KV rebuilt on d
-                for t in moved:
-                    d.add(t, delay=self.p.repack_overhead_s + prefill)
-                self.repack_moves += len(moved)
-                self.moved_ids.update(t.id for t in moved)
+                if not moved:
+                    continue
+                before = d.prefill_tokens
+                d.stall(self.p.rpc_s)
+                d.add(moved, front=True)
+                self.move_costs.append(self.p.rpc_s + (d.prefill_tokens - before) * d._prefill)
+                self.trajs_per_move.append(len(moved))
+                self.repacked.update(x.id for x in moved)
+                self.counters["repack_moves"] += 1
                 self.on_empty(s)
 
+    def simulate(self) -> dict[str, Any]:
+        out = super().simulate()
+        out["repack_move_cost_s"] = sum(self.move_costs) / len(self.move_costs) if self.move_costs else 0.0
+        out["relay_broadcast_s"] = self.broadcast_s()
+        out["relays"] = self.relays()
+        return out
 
-SYSTEMS: dict[str, type[System]] = {"sync": Batched, "one-step-off": Batched, "global-async": GlobalAsync,
-                                    "laminar": Laminar, "laminar-no-repack": Laminar}
+
+class LaminarNoRepack(Laminar):
+    name = "laminar-no-repack"
+
+    def __init__(self, p: Params, model: str, gpus: int, opts: Options | None = None) -> None:
+        super().__init__(p, model, gpus, replace(opts or Options(), repack=False))
 
 
-def simulate(p: Params) -> dict[str, Any]:
-    out: dict[str, Any] = {"gpus": p.gpus, "global_batch": p.prompts * p.G, "turn_sigma": p.turn_sigma,
-                           "systems": {}}
-    for name, cls in SYSTEMS.items():
-        out["systems"][name] = cls(name, p).simulate()
-    s = out["systems"]
-    out["laminar_over_sync"] = round(s["laminar"]["tokens_per_s"] / s["sync"]["tokens_per_s"], 3)
-    out["laminar_over_one_step_off"] = round(s["laminar"]["tokens_per_s"] / s["one-step-off"]["tokens_per_s"], 3)
-    out["laminar_over_global_async"] = round(s["laminar"]["tokens_per_s"] / s["global-async"]["tokens_per_s"], 3)
-    out["repack_gain"] = round(s["laminar"]["tokens_per_s"] / s["laminar-no-repack"]["tokens_per_s"], 3)
+class April(Batched):
+    """Beyond the paper: partial rollout with interruption + global sync (APRIL-style, on the
+    colocated verl loop). Each iteration keeps 2× the batch in flight; once 512 groups are
+    complete the rest is aborted and kept, the trainer trains and syncs, and the aborted
+    trajectories resume under the new weights (re-prefill, mixed versions)."""
+
+    name = "april"
+    colocated = True
+    overprovision = 2.0  # APRIL's README: launch more rollouts than the batch needs
+
+    def start(self) -> None:
+        self.parked: list[Seq] = []
+        self.group_left: Counter[str] = Counter()
+        self.done_groups = 0
+        self.generating = False
+        self.gen_round()
+
+    def gen_round(self) -> None:
+        self.generating = True
+        self.done_groups = 0
+        want = int(self.p.prompts * self.overprovision) - len({s.group for s in self.parked})
+        seqs = self.parked
+        self.parked = []
+        for s in seqs:
+            s.versions.add(self.version)
+        for _ in range(max(0, want)):
+            g = self.new_group(self.version)
+            self.group_left[g[0].group] = len(g)
+            seqs += g
+        for i, r in enumerate(self.replicas):
+            r.version = self.version
+            r.add(seqs[i::len(self.replicas)])
+
+    def on_finished(self, s: Seq, r: Replica) -> None:
+        self.group_left[s.group] -= 1
+        if self.group_left[s.group] == 0:
+            del self.group_left[s.group]
+            self.done_groups += 1
+        if self.generating and self.done_groups >= self.p.prompts:
+            self.generating = False
+            for rr in self.replicas:
+                self.parked += rr.take_all()
+            tokens, _ = self.sample(self.p.prompts)
+            cost = self.train_time(tokens, self.p.minibatches) + Verl.sync_cost(self)  # type: ignore[arg-type]
+            self.clock.at(self.clock.now + cost, self._round_done, tokens)
+
+    def _round_done(self, tokens: int) -> None:
+        self.publish(tokens)
+        self.gen_round()
+
+
+SYSTEMS: dict[str, type[System]] = {"verl": Verl, "one-step": OneStep, "stream": Stream, "areal": AReaL,
+                                    "laminar": Laminar, "laminar-no-repack": LaminarNoRepack, "april": April}
+PAPER_SYSTEMS = ("verl", "one-step", "stream", "areal", "laminar")
+SCALES = {"7B": (16, 32, 64, 128, 256), "32B": (32, 64, 128, 256, 512), "72B": (64, 128, 256, 512, 1024)}
+
+
+def roofline_batch(p: Params, m: Model) -> int:
+    """B of Algorithm 1: the decode batch where the weight-read time equals the compute time."""
+    return max(1, int(p.gpu_flops * p.mfu_decode / (p.hbm_bps * p.hbm_util)))
+
+
+def run_system(name: str, p: Params, model: str, gpus: int, opts: Options | None = None) -> dict[str, Any]:
+    return SYSTEMS[name](p, model, gpus, opts).simulate()
+
+
+def run_scale(p: Params, model: str, gpus: int, systems: Iterable[str] = PAPER_SYSTEMS,
+              opts: Options | None = None) -> dict[str, Any]:
+    out = {s: run_system(s, p, model, gpus, opts) for s in systems}
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# calibration against the paper
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    figure: str
+    paper: float
+    sim: float
+    kind: str = "predicted"  # or "fitted": a parameter was chosen from this figure
+
+    @property
+    def ratio(self) -> float:
+        return self.sim / self.paper
+
+
+def _strip(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in r.items() if not k.endswith("staleness_hist")}
+
+
+def _point(args: tuple[Params, str, int, tuple[str, ...]]) -> tuple[str, int, dict[str, Any], float]:
+    p, model, g, systems = args
+    t0 = time.perf_counter()
+    return model, g, run_scale(p, model, g, systems), time.perf_counter() - t0
+
+
+def run_grid(p: Params, points: list[tuple[str, int]], jobs: int = 1, log: Callable[[str], None] = lambda s: None,
+             systems: Iterable[str] = PAPER_SYSTEMS) -> dict[str, dict[int, dict[str, Any]]]:
+    """Every system at every (model, GPUs) point; `jobs` processes (points are independent)."""
+    grid: dict[str, dict[int, dict[str, Any]]] = {}
+    work = [(p, m, g, tuple(systems)) for m, g in points]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            results = list(pool.imap_unordered(_point, work))
+    else:
+        results = [_point(w) for w in work]
+    for model, g, res, wall in sorted(results, key=lambda r: (list(SCALES).index(r[0]), r[1])):
+        grid.setdefault(model, {})[g] = res
+        log(f"{model} {g:5d} GPUs  {({s: round(v['tokens_per_s']) for s, v in res.items()})}  ({wall:.1f} s)")
+    return grid
+
+
+def calibrate(p: Params, jobs: int = 1,
+              log: Callable[[str], None] = lambda s: None) -> tuple[list[Row], dict[str, Any]]:
+    """Every math-task figure of the paper (§8, App. B, Table 1) against the simulator."""
+    grid = run_grid(p, [(m, g) for m, scales in SCALES.items() for g in scales], jobs, log)
+    rows: list[Row] = []
+
+    def speedups(base: str) -> list[float]:
+        return [grid[m][g]["laminar"]["tokens_per_s"] / grid[m][g][base]["tokens_per_s"]
+                for m in grid for g in grid[m]]
+
+    names = {"verl": "verl", "one-step": "one-step staleness", "stream": "stream generation", "areal": "AReaL"}
+    paper_avg = {"verl": 2.56, "one-step": 1.98, "stream": 1.93, "areal": 1.39}
+    paper_max = {"verl": 5.49, "one-step": 4.09, "stream": 4.06, "areal": 1.81}
+    for b in names:
+        sp = speedups(b)
+        rows.append(Row(f"laminar / {names[b]}, average", paper_avg[b], sum(sp) / len(sp)))
+        rows.append(Row(f"laminar / {names[b]}, max", paper_max[b], max(sp)))
+    largest = [grid[m][max(grid[m])]["laminar"]["tokens_per_s"] / grid[m][max(grid[m])][b]["tokens_per_s"]
+               for m in grid for b in names]
+    rows.append(Row("average speedup at the largest scales (all baselines, models)", 3.34, sum(largest) / len(largest)))
+    small = [grid[m][g]["laminar"]["tokens_per_s"] / grid[m][g][b]["tokens_per_s"]
+             for m in grid for g in grid[m] if g <= 64 for b in names]
+    rows.append(Row("average speedup at <= 64 GPUs", 1.41, sum(small) / len(small)))
+
+    def efficiency(system: str, model: str) -> float:
+        lo, hi = min(grid[model]), max(grid[model])
+        return grid[model][hi][system]["tokens_per_s"] / grid[model][lo][system]["tokens_per_s"] / (hi / lo)
+
+    lam = {m: efficiency("laminar", m) for m in grid}
+    are = {m: efficiency("areal", m) for m in grid}
+    rows.append(Row("strong-scaling efficiency, laminar (avg of models)", 0.537, sum(lam.values()) / 3))
+    rows.append(Row("strong-scaling efficiency, laminar 32B", 0.682, lam["32B"]))
+    rows.append(Row("strong-scaling efficiency, AReaL (avg of models)", 0.336, sum(are.values()) / 3))
+    rows.append(Row("strong-scaling efficiency, AReaL (best model)", 0.392, max(are.values())))
+
+    # §8.4 / Table 1: 32B on 128 GPUs, 64 train + 64 rollout (16 replicas, TP 4)
+    rep = {s: run_system(s, p, "32B", 128) for s in ("laminar", "laminar-no-repack")}
+    w, wo = rep["laminar"], rep["laminar-no-repack"]
+    rows.append(Row("repack: generation throughput gain", 1.26, w["gen_tokens_per_s"] / wo["gen_tokens_per_s"]))
+    rows.append(Row("repack: KV utilisation with repack", 0.822, w["kv_util"]))
+    rows.append(Row("repack: KV utilisation without repack", 0.716, wo["kv_util"]))
+    rows.append(Row("repack: overhead per move (s)", 0.69, w["repack_move_cost_s"]))
+    rows.append(Row("trajectory latency avg/max, no repack", 296 / 826,
+                    wo["latency_avg_s"] / wo["latency_max_s"], "fitted"))
+    rows.append(Row("trajectory latency max, repack / no repack", 828 / 826, w["latency_max_s"] / wo["latency_max_s"]))
+    rows.append(Row("trajectory latency avg, repack / no repack", 290 / 296, w["latency_avg_s"] / wo["latency_avg_s"]))
+    # §8.3: actor stall; App. D: relay broadcast
+    lam32 = Laminar(p, "32B", 128)
+    lam72 = Laminar(p, "72B", 1024)
+    rows.append(Row("actor stall on weight push, 32B (s)", 0.64, lam32.push_s(), "fitted"))
+    rows.append(Row("actor stall on weight push, 72B (s)", 1.40, lam72.push_s()))
+    bc = optimal_broadcast_time(128, MODELS["72B"].weight_bytes, 1 / p.relay_bps, p.rdma_start_s)
+    rows.append(Row("relay broadcast 72B to 127 relays (s, paper: < 1.6)", 1.6, bc))
+    # §8.3 Fig. 14: rollout wait, relay (PCIe from local relay) vs NCCL global sync
+    best = [(Laminar(p, m, g).pull_s(), OneStep(p, m, g).nccl_sync_s()) for m in grid for g in grid[m]]
+    rows.append(Row("rollout wait, best-case reduction vs NCCL (up to)", 0.47, max(1 - a / b for a, b in best)))
+    avg_red = []
+    for m in grid:
+        for g in grid[m]:
+            a, b = grid[m][g]["laminar"]["rollout_wait_s"], OneStep(p, m, g).nccl_sync_s()
+            avg_red.append(1 - a / b)
+    rows.append(Row("rollout wait, average reduction vs NCCL (up to)", 0.37, max(avg_red)))
+    stale = max(grid[m][g]["laminar"]["staleness_max"] for m in grid for g in grid[m])
+    rows.append(Row("laminar max staleness (observed)", 4, stale))
+    return rows, {"grid": {m: {g: {s: _strip(v) for s, v in d.items()} for g, d in grid[m].items()} for m in grid},
+                  "repack": {k: _strip(v) for k, v in rep.items()}}
+
+
+def print_table(rows: list[Row]) -> tuple[float, float]:
+    print(f"| {'figure':<66} | {'paper':>8} | {'sim':>8} | {'sim/paper':>9} | kind |")
+    print(f"|{'-' * 68}|{'-' * 10}|{'-' * 10}|{'-' * 11}|------|")
+    for r in rows:
+        print(f"| {r.figure:<66} | {r.paper:8.3f} | {r.sim:8.3f} | {r.ratio:9.3f} | {r.kind} |")
+    pred = [abs(r.ratio - 1) for r in rows if r.kind == "predicted"]
+    every = [abs(r.ratio - 1) for r in rows]
+    return max(pred), max(every)
+
+
+# ---------------------------------------------------------------------------------------------
+# beyond the paper, sweeps, plots
+# ---------------------------------------------------------------------------------------------
+
+
+def beyond(p: Params, model: str = "7B", gpus: int = 256) -> list[dict[str, Any]]:
+    """agentrl's choices against the paper's, one knob at a time, on the paper's placement."""
+    variants = [
+        ("paper: idle from the start of the fall, wait for in-flight, k* chunks", Options()),
+        ("repack idle rule: C_used < C_prev (pseudocode)", Options(idle_rule="prev")),
+        ("fetch policy: local (never wait for a broadcast)", Options(fetch_policy="local")),
+        ("relay chunking: agentrl's fixed 16 MiB chunks", Options(relay_chunk_bytes=16 * 1024 * 1024)),
+        ("relay chunking: 1 GiB chunks", Options(relay_chunk_bytes=1024**3)),
+        ("staleness bound: max_staleness=2 (evict older groups)", Options(max_staleness=2)),
+        ("no repack", Options(repack=False)),
+    ]
+    out = []
+    for label, o in variants:
+        r = run_system("laminar", p, model, gpus, o)
+        out.append({"variant": label, "tokens_per_s": r["tokens_per_s"], "staleness_max": r["staleness_max"],
+                    "evicted": r["evicted_groups"], "rollout_wait_s": r["rollout_wait_s"],
+                    "broadcast_s": r["relay_broadcast_s"]})
+    for name in ("april", "verl", "areal"):
+        r = run_system(name, p, model, gpus)
+        out.append({"variant": f"baseline: {name}", "tokens_per_s": r["tokens_per_s"],
+                    "staleness_max": r["staleness_max"], "evicted": 0, "rollout_wait_s": r["rollout_wait_s"],
+                    "broadcast_s": 0.0})
+    return out
+
+
+def sweep(p: Params, model: str, gpus: list[int], systems: Iterable[str],
+          jobs: int = 1) -> dict[int, dict[str, Any]]:
+    return run_grid(p, [(model, g) for g in gpus], jobs, lambda s: print(s, file=sys.stderr), systems)[model]
+
+
+def plot(results: dict[int, dict[str, Any]], model: str, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = sorted(results)
+    systems = list(results[gpus[0]])
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for s in systems:
+        ax.plot(gpus, [results[g][s]["tokens_per_s"] / 1e3 for g in gpus], marker="o", label=s)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("training throughput (K tokens/s)")
+    ax.set_title(f"simulated math RL, Qwen2.5-{model}, batch 8192 (strong scaling)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    f1 = out / f"sim_throughput_{model}.png"
+    fig.savefig(f1, dpi=110)
+    plt.close(fig)
+    g = max(gpus)
+    fig, axes = plt.subplots(1, len(systems), figsize=(2.2 * len(systems), 2.6), sharey=True)
+    for ax, s in zip(axes, systems):
+        for key, dx, label in (("staleness_hist", -0.2, "at finish (paper's M − K)"),
+                               ("consumed_staleness_hist", 0.2, "at consumption")):
+            hist = {int(k): v for k, v in results[g][s][key].items()}
+            total = sum(hist.values()) or 1
+            ks = sorted(hist)
+            ax.bar([k + dx for k in ks], [hist[k] / total for k in ks], width=0.4, label=label)
+        ax.set_title(s, fontsize=9)
+        ax.set_xlabel("staleness")
+    axes[0].set_ylabel("share of trajectories")
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"staleness (trainer version − generating version), {model}, {g} GPUs", fontsize=9)
+    fig.tight_layout()
+    f2 = out / f"sim_staleness_{model}_{g}.png"
+    fig.savefig(f2, dpi=110)
+    plt.close(fig)
+    return [f1, f2]
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gpus", type=int, default=256, help="GPUs in the cluster (64..1024)")
-    ap.add_argument("--quick", action="store_true", help="a smaller batch and fewer iterations")
-    ap.add_argument("--skew", choices=["agentrl", "paper"], default="paper",
-                    help="trajectory-length skew: lognormal σ=1.0 (agentrl) or σ=1.4 (paper-like)")
+    ap.add_argument("--calibrate", action="store_true", help="the paper's figures against the simulator")
+    ap.add_argument("--sweep", action="store_true", help="throughput vs GPUs for every system")
+    ap.add_argument("--beyond", action="store_true", help="agentrl's knobs vs the paper's, plus APRIL")
+    ap.add_argument("--params", action="store_true", help="print every parameter with its source")
+    ap.add_argument("--gpus", type=int, default=256, help="GPUs in the cluster (16..1024)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="7B")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    ap.add_argument("--plots", type=Path, default=None, help="write PNGs here (with --sweep)")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (1 warm-up, 2 measured)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--idle-rule", choices=["fall", "prev"], default="fall",
-                    help="repack candidates: from the start of the fall (default) or C_used < C_prev")
+    ap.add_argument("--jobs", type=int, default=1, help="processes for independent points (--calibrate, --sweep)")
     args = ap.parse_args(argv)
-    if args.gpus < 4:
-        ap.error("--gpus must be >= 4")
-    p = Params(gpus=args.gpus, seed=args.seed, turn_sigma=1.4 if args.skew == "paper" else 1.0,
-               idle_rule=args.idle_rule)
+    p = Params(seed=args.seed)
     if args.quick:
-        p.prompts, p.iterations, p.warmup = 128, 5, 1
-    result = simulate(p)
-    print(json.dumps(result, separators=(",", ":")))
+        p = replace(p, warmup=1, iterations=2)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"--systems: unknown {bad}; choose from {', '.join(SYSTEMS)}")
+    if args.gpus < 8:
+        ap.error("--gpus must be >= 8")
+    t0 = time.perf_counter()
+    load0 = load_avg()
+    if args.params:
+        for f in fields(Params):
+            print(f"{f.name:24} {getattr(p, f.name)!s:>14}  {f.metadata['source']}")
+        return
+    if args.calibrate:
+        rows, _detail = calibrate(p, args.jobs, log=lambda s: print(s, file=sys.stderr))
+        worst_pred, worst_all = print_table(rows)
+        print(json.dumps({"calibration_max_rel_err": round(worst_pred, 3),
+                          "calibration_max_rel_err_incl_fitted": round(worst_all, 3),
+                          "rows": [{"figure": r.figure, "paper": r.paper, "sim": round(r.sim, 4), "kind": r.kind}
+                                   for r in rows],
+                          "wall_s": round(time.perf_counter() - t0, 1), "load_avg": [load0, load_avg()]},
+                         separators=(",", ":")))
+        return
+    if args.beyond:
+        out = beyond(p, args.model, args.gpus)
+        for r in out:
+            print(f"{r['variant']:<70} {r['tokens_per_s']:10.0f} tok/s  max staleness {r['staleness_max']}",
+                  file=sys.stderr)
+        print(json.dumps({"beyond": out, "model": args.model, "gpus": args.gpus,
+                          "wall_s": round(time.perf_counter() - t0, 1), "load_avg": [load0, load_avg()]},
+                         separators=(",", ":")))
+        return
+    if args.sweep:
+        gpus = [64, 128, 256, 512, 1024]
+        res = sweep(p, args.model, gpus, systems, args.jobs)
+        files = plot(res, args.model, args.plots) if args.plots else []
+        print(json.dumps({"model": args.model, "sweep": {g: {s: _strip(v) for s, v in d.items()} for g, d in res.items()},
+                          "consumed_staleness_hist_1024": {s: res[1024][s]["consumed_staleness_hist"]
+                                                           for s in systems},
+                          "plots": [str(f) for f in files], "wall_s": round(time.perf_counter() - t0, 1),
+                          "load_avg": [load0, load_avg()]}, separators=(",", ":")))
+        return
+    res = run_scale(p, args.model, args.gpus, systems)
+    lam = res.get("laminar", {}).get("tokens_per_s")
+    ratios = {f"laminar_over_{s}": round(lam / v["tokens_per_s"], 3) for s, v in res.items()
+              if lam and s != "laminar"}
+    print(json.dumps({"gpus": args.gpus, "model": args.model, "systems": res, **ratios,
+                      "wall_s": round(time.perf_counter() - t0, 1), "load_avg": [load0, load_avg()]},
+                     separators=(",", ":")))
 
 
 if __name__ == "__main__":
-    asyncio.get_event_loop_policy()  # the buffer's asyncio primitives bind no loop until they wait
     main()

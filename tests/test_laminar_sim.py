@@ -1,0 +1,138 @@
+"""bench/laminar_sim.py: it drives agentrl's real Laminar code, and its physics moves the right way."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+import agentrl.laminar.buffer as buffer_mod
+import agentrl.laminar.manager as manager_mod
+import agentrl.laminar.relay as relay_mod
+import agentrl.laminar.repack as repack_mod
+import agentrl.laminar.worker as worker_mod
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_laminar_sim", ROOT / "bench" / "laminar_sim.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_laminar_sim"] = module  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+sim = _load()
+
+# A cluster small enough for a test: 7B on 16 GPUs, 64 prompts × 8, short responses.
+TINY = replace(sim.Params(), prompts=64, group=8, minibatches=4, len_median=600.0, max_response=4096,
+               concurrency=256, warmup=1, iterations=2)
+
+
+def test_components_are_agentrl_classes_not_copies() -> None:
+    assert sim.ExperienceBuffer is buffer_mod.ExperienceBuffer
+    assert sim.best_fit_repack is repack_mod.best_fit_repack
+    assert sim.repack_inputs is manager_mod.repack_inputs
+    assert sim.WorkerLoad is worker_mod.WorkerLoad
+    assert sim.broadcast_time is relay_mod.broadcast_time
+    assert sim.best_chunk_count is relay_mod.best_chunk_count
+    assert sim.optimal_broadcast_time is relay_mod.optimal_broadcast_time
+    system = sim.Laminar(TINY, "7B", 16)
+    assert type(system.buffer) is buffer_mod.ExperienceBuffer
+    assert type(system.replicas[0].load()) is worker_mod.WorkerLoad
+
+
+def test_laminar_run_uses_the_real_buffer_and_repack() -> None:
+    system = sim.Laminar(TINY, "7B", 64)
+    calls: list[int] = []
+    real = sim.best_fit_repack
+
+    def spy(group, c_max, b):  # type: ignore[no-untyped-def]
+        plan = real(group, c_max, b)
+        calls.append(len(plan))
+        return plan
+
+    sim.best_fit_repack = spy
+    try:
+        out = system.simulate()
+    finally:
+        sim.best_fit_repack = real
+    assert calls and sum(calls) == out["repack_moves"] > 0
+    stats = sim.drive(system.buffer.stats())
+    assert stats["groups_consumed"] == TINY.prompts * (TINY.warmup + TINY.iterations + 1)
+    assert out["tokens_per_s"] > 0 and out["staleness_max"] >= 1
+
+
+def test_every_parameter_has_a_source() -> None:
+    for f in fields(sim.Params):
+        assert f.metadata.get("source"), f.name
+
+
+def test_placements_are_table_2() -> None:
+    assert sim.placement("laminar", "7B", 256) == (192, 64)
+    assert sim.placement("one-step", "72B", 1024) == (256, 768)
+    assert sim.placement("areal", "72B", 512) == (320, 192)
+    assert sim.placement("verl", "32B", 512) == (512, 512)
+
+
+def test_slower_interconnect_means_longer_global_sync_and_broadcast() -> None:
+    fast, slow = TINY, replace(TINY, nic_bps=TINY.nic_bps / 4)
+    for cls in (sim.OneStep, sim.AReaL):
+        assert cls(slow, "32B", 256).nccl_sync_s() > cls(fast, "32B", 256).nccl_sync_s()
+    # the relay tier does not use the GPU NICs' NCCL path: only its own host-memory RDMA rate counts
+    assert sim.Laminar(slow, "72B", 1024).broadcast_s() == sim.Laminar(fast, "72B", 1024).broadcast_s()
+    slow_relay = replace(TINY, relay_bps=TINY.relay_bps / 4)
+    assert sim.Laminar(slow_relay, "72B", 1024).broadcast_s() > sim.Laminar(fast, "72B", 1024).broadcast_s()
+    assert sim.Laminar(slow_relay, "72B", 1024).push_s() > sim.Laminar(fast, "72B", 1024).push_s()
+
+
+def test_relay_broadcast_matches_the_papers_72b_figure() -> None:
+    t = sim.Laminar(sim.Params(), "72B", 1024)
+    assert t.relays() == 32
+    bc = sim.optimal_broadcast_time(128, sim.MODELS["72B"].weight_bytes, 1 / t.p.relay_bps, t.p.rdma_start_s)
+    assert 0.75 * 1.6 < bc < 1.6  # paper App. D: < 1.6 s to 127 relays
+
+
+def test_more_kv_cache_means_fewer_preemptions() -> None:
+    small = sim.Laminar(replace(TINY, gpu_mem_util_disagg=0.22), "7B", 64).simulate()
+    big = sim.Laminar(replace(TINY, gpu_mem_util_disagg=0.9), "7B", 64).simulate()
+    assert small.get("preemptions", 0) > big.get("preemptions", 0)
+
+
+def test_faster_memory_means_faster_decode_and_longer_outputs_mean_slower_iterations() -> None:
+    base = sim.Laminar(TINY, "7B", 16)
+    fast = sim.Laminar(replace(TINY, hbm_bps=2 * TINY.hbm_bps), "7B", 16)
+    for r in (base.replicas[0], fast.replicas[0]):
+        r.add([sim.Seq(f"s{i}", "g", 1000, 0, 0.0) for i in range(64)])
+    assert fast.replicas[0].step_time() < base.replicas[0].step_time()
+    short = sim.OneStep(TINY, "7B", 64).simulate()
+    long = sim.OneStep(replace(TINY, len_median=1800.0), "7B", 64).simulate()
+    assert long["iteration_s"] > short["iteration_s"]
+
+
+def test_repack_beats_no_repack_on_kv_use() -> None:
+    on = sim.Laminar(TINY, "7B", 64).simulate()
+    off = sim.LaminarNoRepack(TINY, "7B", 64).simulate()
+    assert off.get("repack_moves", 0) == 0 and on["repack_moves"] > 0
+    assert on["kv_util"] > off["kv_util"]
+
+
+def test_calibration_error_is_the_worst_predicted_row(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [sim.Row("a", 2.0, 2.2), sim.Row("b", 1.0, 0.5, "fitted"), sim.Row("c", 4.0, 3.0)]
+    worst_pred, worst_all = sim.print_table(rows)
+    assert worst_pred == pytest.approx(0.25) and worst_all == pytest.approx(0.5)
+    assert "sim/paper" in capsys.readouterr().out
+
+
+def test_cli_params_lists_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    sim.main(["--params"])
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == len(fields(sim.Params))
+    assert "H800 SXM datasheet" in out
+    with pytest.raises(SystemExit) as e:
+        sim.main(["--systems", "nope"])
+    assert e.value.code == 2 and "unknown ['nope']" in capsys.readouterr().err
