@@ -239,3 +239,11 @@ def test_adversarial_pass_runs_an_envs_own_hacks() -> None:
     finally:
         env.close()
     assert [w[1] for w in wins] == ["magic_word"]
+
+
+def test_cli_env_check_adversarial_on_search(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl.cli import main
+
+    assert main(["env", "check", "search", "--adversarial"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  reward hacks score no better than a wrong answer" in out
