@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.config import Config, ConfigError, dump_config, load_config
 from agentrl.errors import UserError, where
+from agentrl.progress import status
 from agentrl.types import Group, Trajectory
 
 log = logging.getLogger("agentrl.run")
@@ -184,32 +185,68 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
 
 
 class _Progress:
-    """A rich progress bar on a TTY unless quiet; plain log lines otherwise."""
+    """Signs of life (agentrl/progress.py's status): on a TTY unless quiet, a rich bar whose text
+    is the stage, trajectories done and running, policy tokens/s and the last reward, refreshed
+    every second; off a TTY the same as a log line every `log_every_s`, and a line per step."""
 
-    def __init__(self, total: int, start: int, quiet: bool) -> None:
+    def __init__(self, total: int, start: int, quiet: bool, log_every_s: float = 30.0) -> None:
         import sys
 
+        status.reset()
+        self.quiet, self.log_every_s = quiet, log_every_s
         self.bar = None
         if not quiet and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn())
-            self.task = self.bar.add_task("train", total=total, completed=start, info="warming up")
+            self.task = self.bar.add_task("train", total=total, completed=start, info=status.line())
             self.bar.start()
-        self.quiet = quiet
+
+    async def run(self, tick_s: float = 1.0) -> None:
+        """Poll the status until cancelled."""
+        last_log = time.monotonic()
+        while True:
+            await asyncio.sleep(tick_s)
+            await status.poll()
+            if self.bar is not None:
+                self.bar.update(self.task, info=status.line())
+            elif not self.quiet and time.monotonic() - last_log >= self.log_every_s:
+                print(f"[agentrl] {time.strftime('%H:%M:%S')} {status.line()}", flush=True)
+                last_log = time.monotonic()
 
     def update(self, line: dict[str, Any]) -> None:
+        status.step_done(line["step"], line["reward_mean"], line.get("tokens_per_s"))
         info = (f"reward {line['reward_mean']:.3f}  success {line['success_rate']:.2f}  "
                 f"v{line['version']}  stale {line['staleness_mean']:.1f}")
         if self.bar is not None:
-            self.bar.update(self.task, advance=1, info=info)
+            self.bar.update(self.task, advance=1, info=status.line())
         elif not self.quiet:
             print(f"[agentrl] step {line['step']}: {info}", flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
+
+
+class _StagedLearner:
+    """The learner as the loop sees it: names the stage while it learns and hands weights over."""
+
+    def __init__(self, learner: Any) -> None:
+        self._learner = learner
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        status.stage = "learning"
+        return self._learner.step(groups)
+
+    def state_dict_for_inference(self) -> dict[str, Any]:
+        if status.stage == "learning":  # not the first push of v0, made while rollout starts
+            status.stage = "pushing weights"  # until the step callback (after the push) says rollout
+        return self._learner.state_dict_for_inference()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._learner, name)
 
 
 def train(plan: RunPlan) -> int:
@@ -223,6 +260,16 @@ def train(plan: RunPlan) -> int:
 
 
 async def _train(plan: RunPlan) -> int:
+    progress = _Progress(plan.config.trainer.steps, 0, plan.config.run.quiet)
+    ticker = asyncio.ensure_future(progress.run())
+    try:
+        return await _run(plan, progress)
+    finally:
+        ticker.cancel()
+        progress.close()
+
+
+async def _run(plan: RunPlan, progress: _Progress) -> int:
     from agentrl.inference import make_engine
     from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_configured
@@ -233,6 +280,7 @@ async def _train(plan: RunPlan) -> int:
     cfg, run_dir = plan.config, plan.run_dir
     ckpt_dir = run_dir / "checkpoints"
     log.info("run %s: resolving model %s", run_dir, cfg.model.name)
+    status.stage = "loading model"
     model_path = resolve_configured(cfg.model)
     learner = Learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     start_step = 0
@@ -252,7 +300,8 @@ async def _train(plan: RunPlan) -> int:
     try:  # a failure here must not leave the pool's sandboxes running
         probe = make_env(cfg, pool)
         try:
-            tasks = list(probe.tasks("train"))
+            status.stage = "validating tasks"
+            tasks = list(await asyncio.to_thread(probe.tasks, "train"))  # the display ticks meanwhile
         finally:
             await probe.aclose()
         if not tasks:
@@ -288,7 +337,8 @@ async def _train(plan: RunPlan) -> int:
         stop.set()
 
     loop.add_signal_handler(signal.SIGINT, on_sigint)
-    progress = _Progress(cfg.trainer.steps, start_step, cfg.run.quiet)
+    if progress.bar is not None:
+        progress.bar.update(progress.task, completed=start_step)
     writers = _Writers(run_dir, cfg)
     last_saved = -1
 
@@ -306,9 +356,11 @@ async def _train(plan: RunPlan) -> int:
         rec = {**rec, "step": start_step + rec["step"]}
         groups = rec.pop("batch", [])  # the Group objects the learner consumed
         line = step_metrics(rec, groups, pool.metrics())
+        status.stage = "evaluating" if cfg.eval.enabled else status.stage
         line.update(await stages.after_step(step_done, cfg.trainer.steps))  # held-out eval when due
         writers.write(line, [t for g in groups for t in g.trajectories])
         progress.update(line)
+        status.stage = "rollout"
         if step_done % cfg.trainer.checkpoint_every == 0 or step_done == cfg.trainer.steps or stop.is_set():
             checkpoint(step_done)
         if stop.is_set():
@@ -317,8 +369,12 @@ async def _train(plan: RunPlan) -> int:
     interrupted = False
     try:
         cfg_run = _with_steps(cfg, remaining)
+        status.stage = "evaluating" if cfg.eval.enabled else "warm start"
         await stages.before_rl(lambda _: checkpoint(start_step))  # base eval, warm start, eval after it
-        summary = await run_training_async(cfg_run, env_factory, tasks, learner, engines, on_step=on_step)
+        status.stage = "rollout"
+        summary = await run_training_async(cfg_run, env_factory, tasks, _StagedLearner(learner), engines,
+                                           on_step=on_step)
+        status.stage = "done"
         summary.update(await stages.finish(cfg.trainer.steps))
         (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
     except StopTraining:

@@ -32,6 +32,7 @@ from agentrl.laminar.prompts import PromptPool
 from agentrl.laminar.relay import Relay, RelayChain
 from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Runtime, gather_alive
 from agentrl.laminar.worker import RolloutWorker
+from agentrl.progress import status as run_status
 from agentrl.types import Group, Task
 
 StepCallback = Callable[[dict[str, Any]], Any]
@@ -218,6 +219,7 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
     if runtime is None and cfg.laminar.ray_address is not None:  # e.g. "auto" on a cluster
         runtime = RayRuntime(address=cfg.laminar.ray_address, num_cpus=None)
     system = await build_system(cfg, env_factory, tasks, engines, runtime)
+    run_status.watch(system)  # the progress display polls the in-flight trajectories (agentrl/progress.py)
     try:
         return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step)
     finally:
