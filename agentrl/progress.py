@@ -23,8 +23,8 @@ STAGES = ("starting", "loading model", "validating tasks", "rollout", "learning"
 
 
 class RunStatus:
-    def __init__(self, window_s: float = 10.0) -> None:
-        self.window_s = window_s  # policy tokens/s is averaged over this long
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s  # the live rate is averaged over this long: turns report their tokens as they end
         self.reset()
 
     def reset(self) -> None:
