@@ -8,11 +8,11 @@ import sys
 from collections import Counter
 from typing import Any
 
-from .schema import builtin_tasks, load_tasks
+from .schema import resolve_tasks
 
 
-def _tasks(path: str | None) -> list[dict[str, Any]]:
-    return load_tasks(path) if path else builtin_tasks()
+def _tasks(path: str | None, default: str = "core") -> list[dict[str, Any]]:
+    return resolve_tasks(path or default)
 
 
 def build_cli(args: argparse.Namespace) -> int:
@@ -100,7 +100,7 @@ def stats(tasks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def stats_cli(args: argparse.Namespace) -> int:
-    result = stats(_tasks(args.tasks))
+    result = stats(_tasks(args.tasks, default="all"))
     if args.json:
         print(json.dumps(result))
         return 0

@@ -30,11 +30,11 @@ from agentrl.types import Task
 from . import runtime as rt
 from .datasets import requirements
 from .grade import GIT, ValidationCache, grade, prepare_repo, validate_tasks
-from .schema import builtin_tasks, load_tasks
+from .schema import resolve_tasks
 from .synth import ensure_task_image
 
 OUTCOME_REWARDS = {"no_submit": -1.0, "empty": -0.5, "fail": 0.0, "pass": 1.0}
-SPLITS = ("train", "test", "all")
+SPLITS = ("train", "dev", "test", "all")
 EDIT_COMMANDS = ("create", "str_replace", "insert")
 TEST_RUNNERS = ("pytest", "unittest", "tox")
 
@@ -48,7 +48,8 @@ class SWEEnv(ToolEnv):
     """SWE-bench-style bug fixing, graded by the task's tests in a fresh sandbox.
 
     Args (also `env.kwargs` in configs/swe.yaml):
-        task_file: a SWE-bench-style .jsonl/.json/.parquet file (default: the shipped tasks)
+        task_file: a task file (.jsonl[.gz]/.json/.parquet; agentrl's, SWE-bench, SWE-Gym or SWE-smith
+            records) or a shipped set: core (default, 16 tasks), suite (many packages), all
         validate: check gold patch = pass and empty patch = fail for every task before use
             (cached per task and backend), and drop the tasks that fail with the reason logged
         validation_cache: path of the validation cache (default ~/.cache/agentrl/swe/validation.json)
@@ -84,7 +85,7 @@ class SWEEnv(ToolEnv):
         self.validate = validate
         self.validation_cache = validation_cache
         problems: list[str] = []  # bad records: one line each, the other tasks still load
-        self._all: list[Task] = load_tasks(task_file, problems) if task_file else builtin_tasks()
+        self._all: list[Task] = resolve_tasks(task_file, problems)
         for line in problems:
             print(f"[agentrl] swe: skipped {line}", flush=True)
         if not self._all:
@@ -317,7 +318,10 @@ class _TaskPools:
 
 
 def _split_of(task: Task) -> str:
-    """A stable split: about one task in five is held out for test."""
+    """The task's `split` (the suite splits by package: test packages are never trained on), else
+    a stable per-task split: about one task in five is held out for test."""
+    if task.get("split"):
+        return str(task["split"])
     return "test" if int(hashlib.sha256(task["instance_id"].encode()).hexdigest(), 16) % 5 == 0 else "train"
 
 

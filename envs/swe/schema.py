@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+SUITE_DIR = DATA_DIR / "suite"
+TASK_SETS = ("core", "suite", "all")
 REQUIRED = ("instance_id", "problem_statement", "patch", "FAIL_TO_PASS")
 LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 SETUP_KEYS = {"pythonpath", "test_files", "protected", "test_cmd", "timeout_s", "package", "repo_dir"}
@@ -164,11 +166,23 @@ def save_tasks(tasks: list[dict[str, Any]], path: str | Path) -> None:
         Path(path).write_text(text)
 
 
-def builtin_tasks() -> list[dict[str, Any]]:
-    """The synthesised tasks shipped in envs/swe/data/*.jsonl[.gz], sorted by instance_id."""
-    files = sorted([*DATA_DIR.glob("*.jsonl"), *DATA_DIR.glob("*.jsonl.gz")])
+def builtin_tasks(which: str = "core") -> list[dict[str, Any]]:
+    """The synthesised tasks shipped with agentrl, sorted by instance_id: `core` (envs/swe/data/,
+    the default: small enough to validate at every start), `suite` (envs/swe/data/suite/, many
+    packages split by package) or `all`."""
+    if which not in TASK_SETS:
+        raise TaskError(f"unknown shipped task set {which!r}; choose one of {TASK_SETS} or give a task file")
+    dirs = {"core": [DATA_DIR], "suite": [SUITE_DIR], "all": [DATA_DIR, SUITE_DIR]}[which]
+    files = sorted(f for d in dirs for pattern in ("*.jsonl", "*.jsonl.gz") for f in d.glob(pattern))
     tasks = [t for f in files for t in load_tasks(f)]
     return sorted(tasks, key=lambda t: t["instance_id"])
+
+
+def resolve_tasks(task_file: str | None, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """A shipped task set by name (None = core), else the tasks of a file."""
+    if task_file is None or task_file in TASK_SETS:
+        return builtin_tasks(task_file or "core")
+    return load_tasks(task_file, problems)
 
 
 def resolve_source(task: dict[str, Any], cache_dir: Path | None = None) -> Path | None:

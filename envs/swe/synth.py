@@ -27,7 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -269,11 +269,13 @@ class SynthStats:
     timed_out: int = 0
     baseline_tests: int = 0
     seconds: float = 0.0
+    tried_ops: dict[str, int] = field(default_factory=dict)  # mutations tried per operator
 
 
 async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 8, max_candidates: int = 200,
                      max_failing: int = 10, seed: int = 0, archive_dir: Path | None = None,
-                     source_ref: str | None = None, log: Any = print) -> tuple[list[dict[str, Any]], SynthStats]:
+                     source_ref: str | None = None, log: Any = print,
+                     time_budget_s: float = float("inf")) -> tuple[list[dict[str, Any]], SynthStats]:
     """Synthesise up to `max_tasks` bug-fix tasks from one package (each bug breaks 1..max_failing
     baseline tests, reproducibly; `validate_task` re-checks them from scratch)."""
     from .runtime import make_task_sandbox
@@ -314,9 +316,10 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
         mutations = [m for f, src in sources.items() for m in _safe_mutations(src, f)]
         stats.candidates = len(mutations)
         for m in sample_mutations(mutations, max_candidates, seed):
-            if len(tasks) >= max_tasks:
+            if len(tasks) >= max_tasks or time.perf_counter() - start > time_budget_s:
                 break
             stats.tried += 1
+            stats.tried_ops[m.operator] = stats.tried_ops.get(m.operator, 0) + 1
             task = await _try_mutation(sandbox, base, m, targets, stable, max_failing,
                                        timeout=max(30.0, 5 * baseline_s), stats=stats)
             if task is not None:
@@ -396,7 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl swe", description="SWE task synthesis and validation")
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("synth", help="synthesise bug-fix tasks from a package's sdist")
-    s.add_argument("--package", required=True, help="NAME==VERSION of a pure-Python package on PyPI")
+    which = s.add_mutually_exclusive_group(required=True)
+    which.add_argument("--package", help="NAME==VERSION of a pure-Python package on PyPI")
+    which.add_argument("--packages", help="many packages, comma-separated (NAME or NAME==VERSION), or @FILE with "
+                                          "one a line: each validated, with a per-package report (--out-dir)")
+    s.add_argument("--out-dir", default="swe-tasks", help="with --packages: where tasks, sdists and report.json go")
+    s.add_argument("--package-budget-s", type=float, default=600.0, help="with --packages: stop trying "
+                                                                         "mutations of a package after this long")
     s.add_argument("--max-tasks", type=int, default=8)
     s.add_argument("--max-candidates", type=int, default=200, help="mutations to try at most")
     s.add_argument("--max-failing", type=int, default=10, help="keep bugs that break at most this many tests")
@@ -405,13 +414,13 @@ def main(argv: list[str] | None = None) -> int:
                                                "is copied beside it")
     s.add_argument("--validate", action="store_true", help="validate every task after writing it")
     v = sub.add_parser("validate", help="check gold patch = 1 and empty patch = 0 for every task")
-    v.add_argument("file", nargs="?", default=None, help="task file (default: the shipped tasks)")
+    v.add_argument("file", nargs="?", default=None, help="task file, or a shipped set: core (default), suite, all")
     v.add_argument("--no-cache", action="store_true")
     b = sub.add_parser("build", help="prepare the task runtimes (local venvs / docker images) of a task set")
-    b.add_argument("--tasks", default=None, help="task file (default: the shipped tasks)")
+    b.add_argument("--tasks", default=None, help="task file, or a shipped set: core (default), suite, all")
     b.add_argument("--workers", type=int, default=2, help="runtimes built in parallel")
     st = sub.add_parser("stats", help="count tasks by package, split and mutation operator")
-    st.add_argument("--tasks", default=None, help="task file (default: the shipped tasks)")
+    st.add_argument("--tasks", default=None, help="task file, or a shipped set: core, suite, all (default)")
     st.add_argument("--json", action="store_true", help="one JSON object")
     for p in (s, v, b):
         p.add_argument("--backend", choices=["local", "docker"], default="local")
@@ -436,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _synth_cli(args: argparse.Namespace) -> int:
+    if args.packages:
+        return await _synth_many_cli(args)
     name, version = parse_spec(args.package)
     if args.max_tasks < 1:
         raise ValueError("--max-tasks must be >= 1")
@@ -459,9 +470,9 @@ async def _synth_cli(args: argparse.Namespace) -> int:
 async def _validate_cli(args: argparse.Namespace) -> int:
     from .grade import ValidationCache, validate_tasks
     from .runtime import make_task_sandbox, spec_of
-    from .schema import builtin_tasks, load_tasks
+    from .schema import resolve_tasks
 
-    tasks = load_tasks(args.file) if args.file else builtin_tasks()
+    tasks = resolve_tasks(args.file)
     cfg = _sandbox_config(args)
     cache = ValidationCache(Path(tempfile.mkdtemp()) / "v.json") if args.no_cache else ValidationCache()
     valid, rejected = [], []
@@ -488,3 +499,19 @@ async def _validate_cli(args: argparse.Namespace) -> int:
     print(f"{len(valid)} valid, {len(rejected)} rejected")
     return 0 if not rejected else 1
 
+
+
+async def _synth_many_cli(args: argparse.Namespace) -> int:
+    from .batch import synthesize_many
+
+    text = Path(args.packages[1:]).read_text() if args.packages.startswith("@") else args.packages.replace(",", "\n")
+    specs = [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+    results = await synthesize_many(specs, _sandbox_config(args), Path(args.out_dir), max_tasks=args.max_tasks,
+                                    max_candidates=args.max_candidates, seed=args.seed,
+                                    time_budget_s=args.package_budget_s)
+    print(f"{sum(r.valid for r in results)} valid task(s) from {sum(1 for r in results if r.valid)} of "
+          f"{len(results)} package(s) in {args.out_dir}; per package: {Path(args.out_dir) / 'report.json'}")
+    for r in results:
+        if r.why:
+            print(f"  {r.package}: no task: {r.why}")
+    return 0 if any(r.valid for r in results) else 1

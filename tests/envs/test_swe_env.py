@@ -159,7 +159,7 @@ def test_config_errors_are_clear() -> None:
     with pytest.raises(ValueError, match="must increase"):
         SWEEnv(validate=False, outcome_rewards={"no_submit": 5.0})
     with pytest.raises(ValueError, match="unknown split"):
-        SWEEnv(validate=False).tasks("dev")
+        SWEEnv(validate=False).tasks("holdout")
 
 
 def test_splits_partition_the_tasks() -> None:
