@@ -127,6 +127,15 @@ class WarmStartConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA adapters through peft (issue 16); rank 0 = full fine-tune."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 10
     batch_groups: int = 2  # groups per global batch
@@ -157,6 +166,11 @@ class TrainerConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     checkpoint_every: int = 5
     seed: int = 0
+    num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU)
+    activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # forward autocast dtype; weights and Adam stay fp32
+    entropy_every: int = 1  # the entropy metric every N global batches (0: never); costs a V-wide pass
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
 @dataclass
@@ -411,6 +425,10 @@ def validate(cfg: Config) -> None:
         (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
         (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
+        (cfg.trainer.num_learners >= 1, "trainer.num_learners must be >= 1"),
+        (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),
+         "trainer.lora.rank must be >= 0, trainer.lora.alpha > 0 and trainer.lora.targets non-empty"),
+        (cfg.trainer.entropy_every >= 0, "trainer.entropy_every must be >= 0"),
     ]
     for ok, message in checks:
         if not ok:

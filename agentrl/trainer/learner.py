@@ -9,19 +9,27 @@ One `step(groups)` is one global batch:
 2. DAPO dynamic sampling filter (drop zero-variance groups, §5.2(2)) when enabled;
 3. advantages over rollouts (GRPO / Dr.GRPO / RLOO, SUPO broadcast to segments, §4.2);
 4. π_old = π_prox recomputed at the sampling temperature without gradient (§2.4 step 1, §8.2);
-   OTB advantages from the same pass (§6);
+   OTB advantages from the same pass (§6). Skipped when it would equal the training forward's
+   detached log-probs (one mini-batch, no OTB, TRM off, no dropout): then π_prox := logp.detach()
+   of the training pass itself, and the metrics that read π_old are taken from that pass;
 5. TRM sequence mask from log ρ = log π_old − log π_roll, frozen for the batch (§2.4 steps 2–4);
 6. `minibatches` optimizer steps, each over micro-batches with gradient accumulation; the loss
    divisors are whole-mini-batch counts so accumulation equals one big batch; grad clipping.
 
 Trajectories with status error/aborted are dropped (no reward to trust); overlong ones stay in
 their group's statistics with loss mask 0 (SUPO §4.2).
+
+Memory: activation checkpointing per decoder layer (`trainer.activation_checkpointing`), an
+optional bf16 autocast forward (`trainer.dtype`; fp32 master weights, Adam state and LM head),
+and weight views for the push (`state_dict_views`) instead of a second copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +39,7 @@ from torch import Tensor
 from agentrl.config import RewardConfig, TrainerConfig
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
 from agentrl.trainer.batch import TrainBatch, build_batch
-from agentrl.trainer.logprobs import token_logprobs_and_stats
+from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 from agentrl.trainer.losses import (
     Denominators,
     aggregate_loss,
@@ -59,6 +67,17 @@ def _load(model: str | Path | torch.nn.Module, device: str) -> torch.nn.Module:
     return load_model(resolve_model(str(model)), dtype="float32", device=device)
 
 
+_DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a train-mode forward is random (then it cannot stand in for the eval-mode π_prox)."""
+    config = getattr(model, "config", None)
+    if any(float(getattr(config, k, 0.0) or 0.0) > 0 for k in _DROPOUT_KEYS):
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
 def warmup_constant(warmup_steps: int):
     """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant."""
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
@@ -76,6 +95,9 @@ class Learner:
                              f"{cfg.minibatches} and {cfg.micro_batch_size}")
         self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
         self.model = _load(model, device)
+        if cfg.activation_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
+            # Per decoder layer; non-reentrant works with inputs that need no grad and with FSDP2.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         # A frozen copy of the initial policy, only when the k3 KL penalty needs it (§8.1).
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -135,20 +157,41 @@ class Learner:
         width = max(int(batch.attention_mask.sum(-1).max()), 2)
         return TrainBatch(**{k: (v[:, :width] if v.dim() == 2 else v) for k, v in vars(batch).items()})
 
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=getattr(torch, self.cfg.dtype))
+
+    def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool) -> TokenStats:
+        with self._autocast():
+            return token_logprobs_and_stats(model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
+                                            self.temperature, positions=mb.loss_mask.to(self.device),
+                                            entropy=entropy, sum_pi_sq=sum_pi_sq)
+
+    def prox_from_training_forward(self, n_rows: int) -> bool:
+        """True when the π_prox recompute would equal the training forward's detached log-probs:
+        one optimizer step per batch (weights unchanged before every forward), no OTB (which needs
+        π_old before any loss), TRM off (its mask needs π_old first) and a deterministic forward."""
+        cfg = self.cfg
+        return (min(cfg.minibatches, n_rows) == 1 and cfg.advantage != "otb" and cfg.trm.mode == "off"
+                and not has_dropout(self.model))
+
     @torch.no_grad()
-    def _recompute(self, model: torch.nn.Module, batch: TrainBatch) -> tuple[Tensor, Tensor, Tensor]:
-        """(log π, entropy, Σπ²) for every row, micro-batched, no gradient."""
+    def _recompute(self, model: torch.nn.Module, batch: TrainBatch, entropy: bool = False,
+                   sum_pi_sq: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(log π, entropy, Σπ²) for every row, micro-batched, no gradient; the last two only when
+        asked for (else None)."""
         shape = batch.input_ids.shape
-        out = [torch.zeros(shape) for _ in range(3)]
+        out = [torch.zeros(shape) if want else None for want in (True, entropy, sum_pi_sq)]
         was_training = model.training
         model.eval()
         for sl in self._micro_slices(shape[0]):
             mb = self._trim(batch.select(sl))
-            stats = token_logprobs_and_stats(model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                             self.temperature, positions=mb.loss_mask.to(self.device))
+            stats = self._forward(model, mb, entropy, sum_pi_sq)
             w = mb.input_ids.shape[1]
             for o, x in zip(out, (stats.logprobs, stats.entropy, stats.sum_pi_sq)):
-                o[sl, :w] = x.cpu()
+                if o is not None and x is not None:
+                    o[sl, :w] = x.cpu()
         model.train(was_training)
         return out[0], out[1], out[2]
 
@@ -199,11 +242,20 @@ class Learner:
         if len(batch) == 0:
             return {**metrics, "skipped": 1.0, "num_rows": 0.0}
 
-        # π_old / π_prox at the sampling temperature, frozen for every mini-batch (§2.4, §8.2).
-        old, old_entropy, sum_pi_sq = self._recompute(self.model, batch)
+        # π_old / π_prox at the sampling temperature, frozen for every mini-batch (§2.4, §8.2);
+        # in the lean case filled from the training forward below instead.
+        lean = self.prox_from_training_forward(len(batch))
+        want_entropy = cfg.entropy_every > 0 and self.version % cfg.entropy_every == 0
+        old_entropy: Tensor | None
+        if lean:
+            old = torch.zeros(batch.input_ids.shape)
+            old_entropy = torch.zeros(batch.input_ids.shape) if want_entropy else None
+        else:
+            old, old_entropy, sum_pi_sq = self._recompute(self.model, batch, entropy=want_entropy,
+                                                          sum_pi_sq=cfg.advantage == "otb")
         mask = batch.loss_mask
-        log_rho = (old - batch.behaviour_logprobs) * mask
         if cfg.advantage == "otb":
+            assert sum_pi_sq is not None
             is_w = (behaviour_weights(old, batch.behaviour_logprobs, cfg.tis_cap)
                     if cfg.decoupled and cfg.tis_cap is not None else None)
             batch.advantages, _ = otb_advantages(batch.token_rewards, mask, batch.group_index, old, sum_pi_sq,
@@ -211,17 +263,13 @@ class Learner:
         ref = self._recompute(self.ref_model, batch)[0] if self.ref_model is not None else None
 
         # TRM (§2.3), sample-based on the sampled token's log ρ: only log-probs are stored.
-        accept = trm_sequence_mask(mask, cfg.trm.mode, cfg.trm.delta, cfg.trm.delta_avg, log_ratio=log_rho)
+        accept = trm_sequence_mask(mask, cfg.trm.mode, cfg.trm.delta, cfg.trm.delta_avg,
+                                   log_ratio=(old - batch.behaviour_logprobs) * mask)
         train_mask = mask * accept.unsqueeze(-1).float()
         norm_mask = mask if cfg.trm.normalize == "total" else train_mask
         has_tokens = mask.sum(-1) > 0
         metrics.update(
             trm_masked_fraction=1.0 - accept[has_tokens].float().mean().item(),
-            kl_k3_old_roll=masked_mean(k3(log_rho), mask).item(),
-            mean_abs_log_rho=masked_mean(log_rho.abs(), mask).item(),
-            max_abs_log_rho=log_rho.abs().max().item(),
-            log_abs_ppl_gap=self._ppl_gap(old, batch.behaviour_logprobs, mask),
-            entropy_old=masked_mean(old_entropy, mask).item(),
             adv_mean=masked_mean(batch.advantages, mask).item(),
             adv_abs_mean=masked_mean(batch.advantages.abs(), mask).item(),
             adv_min=batch.advantages[mask.bool()].min().item(), adv_max=batch.advantages[mask.bool()].max().item(),
@@ -236,7 +284,12 @@ class Learner:
             mb_old, mb_norm, mb_train = old[rows], norm_mask[rows], train_mask[rows]
             mb_ref = ref[rows] if ref is not None else None
             denom = denominators(mb_norm, cfg.loss_agg, self._loss_scale(mb_norm))
-            stats = self._minibatch(mb, mb_old, mb_train, mb_norm, mb_ref, denom)
+            mb_ent = torch.zeros(mb_old.shape) if want_entropy else None
+            stats = self._minibatch(mb, mb_old, mb_train, mb_norm, mb_ref, denom, lean, mb_ent)
+            if lean:  # the pass's detached log-probs were π_prox: keep them for the metrics
+                old[rows] = mb_old
+                if old_entropy is not None and mb_ent is not None:
+                    old_entropy[rows] = mb_ent
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -250,19 +303,31 @@ class Learner:
                 sums[k] += v
             sums["grad_norm"] += grad_norm.item()
         n_train = max(train_mask.sum().item(), 1.0)
+        log_rho = (old - batch.behaviour_logprobs) * mask
+        metrics.update(
+            kl_k3_old_roll=masked_mean(k3(log_rho), mask).item(),
+            mean_abs_log_rho=masked_mean(log_rho.abs(), mask).item(),
+            max_abs_log_rho=log_rho.abs().max().item(),
+            log_abs_ppl_gap=self._ppl_gap(old, batch.behaviour_logprobs, mask),
+            prox_recomputed=float(not lean))
+        if old_entropy is not None:
+            metrics.update(entropy_old=masked_mean(old_entropy, mask).item(), entropy=sums["entropy"] / n_train)
         self.version += 1
         elapsed = time.perf_counter() - t0
         metrics.update(loss=sums["loss"] / n_updates, pg_loss=sums["pg_loss"] / n_updates,
                        kl_ref=sums["kl_loss"] / n_updates, clip_fraction=sums["clipped"] / n_train,
-                       entropy=sums["entropy"] / n_train, grad_norm=sums["grad_norm"] / n_updates,
+                       grad_norm=sums["grad_norm"] / n_updates,
                        optimizer_steps=float(n_updates), step_seconds=elapsed,
                        tokens_per_s=batch.num_tokens / elapsed)
         metrics["version"] = float(self.version)
         return metrics
 
     def _minibatch(self, mb: TrainBatch, old: Tensor, train_mask: Tensor, norm_mask: Tensor,
-                   ref: Tensor | None, denom: Denominators) -> dict[str, float]:
-        """Forward/backward over the micro-batches of one mini-batch; gradients accumulate."""
+                   ref: Tensor | None, denom: Denominators, lean: bool = False,
+                   entropy_out: Tensor | None = None) -> dict[str, float]:
+        """Forward/backward over the micro-batches of one mini-batch; gradients accumulate.
+        `lean`: π_prox is this pass's detached log-probs, written into `old` (in place);
+        `entropy_out`: the per-token entropy is computed and written there."""
         cfg = self.cfg
         out = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0)
         for sl in self._micro_slices(len(mb)):
@@ -271,10 +336,13 @@ class Learner:
             m_train, m_norm, m_old = train_mask[sl, :w], norm_mask[sl, :w], old[sl, :w]
             if m_train.sum() == 0 and cfg.kl_coef == 0:
                 continue  # contributes exactly nothing; skip the forward
-            stats = token_logprobs_and_stats(self.model, micro.input_ids.to(self.device),
-                                             micro.attention_mask.to(self.device), self.temperature,
-                                             positions=micro.loss_mask.to(self.device))
+            stats = self._forward(self.model, micro, entropy=entropy_out is not None, sum_pi_sq=False)
             logp = stats.logprobs.cpu() if self.device != "cpu" else stats.logprobs
+            if lean:
+                m_old = logp.detach()
+                old[sl, :w] = m_old
+            if entropy_out is not None and stats.entropy is not None:
+                entropy_out[sl, :w] = stats.entropy.cpu()
             per_tok, clipped = self._token_loss(logp, m_old, micro.behaviour_logprobs, micro.advantages, m_train)
             pg = aggregate_loss(per_tok, m_train, cfg.loss_agg, m_norm, denom)
             loss = pg
@@ -286,7 +354,8 @@ class Learner:
             out["loss"] += loss.item()
             out["pg_loss"] += pg.item()
             out["clipped"] += (clipped * m_train).sum().item()
-            out["entropy"] += (stats.entropy.cpu() * m_train).sum().item()
+            if stats.entropy is not None:
+                out["entropy"] += (stats.entropy.cpu() * m_train).sum().item()
         return out
 
     # ------------------------------------------------------------------ weights and state
@@ -294,6 +363,27 @@ class Learner:
     def state_dict_for_inference(self) -> dict[str, Tensor]:
         """Detached CPU copies of the weights under their HF names (what engines' load_weights take)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def state_dict_views(self) -> dict[str, Tensor]:
+        """The weights under their HF names as detached views of the live parameters (no copy):
+        valid until the next `step`, so a caller copies them out (relay buffer, engine) before
+        training goes on. CPU learners only; on a device this is a CPU copy."""
+        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+
+    def iter_weight_chunks(self, max_bytes: int = 64 << 20) -> Iterator[dict[str, Tensor]]:
+        """`state_dict_views()` in groups of at most `max_bytes` (a tensor larger than that is a
+        group of its own), for pushing weights without materialising a full copy."""
+        chunk: dict[str, Tensor] = {}
+        size = 0
+        for name, tensor in self.state_dict_views().items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if chunk and size + nbytes > max_bytes:
+                yield chunk
+                chunk, size = {}, 0
+            chunk[name] = tensor
+            size += nbytes
+        if chunk:
+            yield chunk
 
     def training_state(self) -> dict[str, Any]:
         """Everything needed to continue exactly (checkpoint.py adds global RNG states)."""

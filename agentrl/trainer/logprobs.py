@@ -5,7 +5,11 @@ computed from `log_softmax(logits / temperature)` in fp32, so it matches the dis
 inference engine sampled from at that temperature. Position 0 has no context and gets 0.
 
 The same forward pass also yields the entropy (a metric) and `Σ_v π(v)²`, which OTB's
-logit-gradient proxy needs (algorithms.md §6.1).
+logit-gradient proxy needs (algorithms.md §6.1); each only when asked for.
+
+On the policy-token path the LM head and log-softmax run over chunks of `CHUNK_TOKENS` tokens;
+with gradients on, each chunk is checkpointed, so the [N, V] fp32 logits are never all alive and
+none is kept for backward (the chunk's head matmul is recomputed there instead).
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_TOKENS = 1024  # policy tokens per LM-head chunk: 1024 × V(49152) fp32 = 200 MB of logits
 
 
 @dataclass
 class TokenStats:
-    """Per-token tensors [B, T], aligned with input_ids; position 0 holds zeros."""
+    """Per-token tensors [B, T], aligned with input_ids; position 0 holds zeros. `entropy` and
+    `sum_pi_sq` are None when not asked for."""
 
     logprobs: Tensor
-    entropy: Tensor
-    sum_pi_sq: Tensor
+    entropy: Tensor | None
+    sum_pi_sq: Tensor | None
 
 
 def _check(input_ids: Tensor, attention_mask: Tensor | None, temperature: float) -> None:
@@ -55,18 +63,52 @@ def _split_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
     return body, head
 
 
-def _selected_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
-                     temperature: float, positions: Tensor) -> tuple[Tensor, Tensor] | None:
-    """Logits only where `positions[:, t]` asks for log π(token t): the LM head (a V-wide
-    matmul and log-softmax per token) runs on policy tokens only, not on prompts and tool output.
-    Returns (logits [N, V], the [B, T-1] selection) or None when the model needs the full path."""
+def _chunk_stats(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
+                 want_entropy: bool, want_sum_pi_sq: bool, stats: list[Tensor]) -> Tensor:
+    """log π(target) for one chunk of hidden states; entropy / Σπ² of the chunk are appended to
+    `stats` (detached) on the first call only, not when checkpointing recomputes the chunk."""
+    z = head(hidden).float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not stats and (want_entropy or want_sum_pi_sq):
+        with torch.no_grad():
+            zd, lsed = z.detach(), lse.detach()
+            if want_entropy:
+                stats.append(lsed - (torch.softmax(zd, dim=-1) * zd).sum(-1))
+            if want_sum_pi_sq:
+                stats.append(torch.exp(torch.logsumexp(2 * zd, dim=-1) - 2 * lsed))
+    return logp
+
+
+def _selected_stats(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
+                    temperature: float, positions: Tensor, want_entropy: bool, want_sum_pi_sq: bool
+                    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor] | None:
+    """Log-probs (and entropy, Σπ²) only where `positions[:, t]` asks for log π(token t): the LM
+    head (a V-wide matmul and log-softmax per token) runs on policy tokens only, not on prompts
+    and tool output, chunk by chunk. Returns ([N] each, the [B, T-1] selection) or None when the
+    model needs the full path."""
     parts = _split_head(model)
     if parts is None:
         return None
     body, head = parts
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     sel = positions[:, 1:].to(torch.bool)
-    return head(hidden[sel]).float() / temperature, sel
+    picked, targets = hidden[sel], input_ids[:, 1:][sel]
+    grad = torch.is_grad_enabled() and picked.requires_grad
+    logps: list[Tensor] = []
+    ents: list[Tensor] = []
+    sqs: list[Tensor] = []
+    for i in range(0, max(picked.shape[0], 1), CHUNK_TOKENS):
+        h, y = picked[i:i + CHUNK_TOKENS], targets[i:i + CHUNK_TOKENS]
+        stats: list[Tensor] = []
+        args = (head, h, y, temperature, want_entropy, want_sum_pi_sq, stats)
+        logps.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if grad else _chunk_stats(*args))
+        if want_entropy:  # `stats` stays filled so a recompute in backward skips these
+            ents.append(stats[0])
+        if want_sum_pi_sq:
+            sqs.append(stats[-1])
+    return (torch.cat(logps), torch.cat(ents) if want_entropy else None,
+            torch.cat(sqs) if want_sum_pi_sq else None, sel)
 
 
 def _scatter(values: Tensor, sel: Tensor) -> Tensor:
@@ -113,26 +155,24 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
 
 def token_logprobs_and_stats(model: torch.nn.Module, input_ids: Tensor,
                              attention_mask: Tensor | None = None,
-                             temperature: float = 1.0, positions: Tensor | None = None) -> TokenStats:
+                             temperature: float = 1.0, positions: Tensor | None = None,
+                             entropy: bool = True, sum_pi_sq: bool = True) -> TokenStats:
     """Log-probs plus entropy and Σπ² from the same forward pass (all [B, T], column 0 = 0).
 
-    Entropy and Σπ² are detached: they are metrics / OTB weights, never loss terms. With
-    `positions` ([B, T] bool, e.g. the loss mask) the three are computed only there (zeros
-    elsewhere), which skips the LM head on prompt and observation tokens."""
+    Entropy and Σπ² are detached: they are metrics / OTB weights, never loss terms; each is
+    computed only when its flag is set (None otherwise). With `positions` ([B, T] bool, e.g. the
+    loss mask) the three are computed only there (zeros elsewhere), which skips the LM head on
+    prompt and observation tokens."""
     _check(input_ids, attention_mask, temperature)
-    picked = None if positions is None else _selected_logits(model, input_ids, attention_mask, temperature,
-                                                              positions)
+    picked = None if positions is None else _selected_stats(model, input_ids, attention_mask, temperature,
+                                                             positions, entropy, sum_pi_sq)
     if picked is not None:
-        logits, sel = picked
-        targets = input_ids[:, 1:][sel]
-        logprobs = _scatter(logprobs_from_logits(logits, targets), sel)
-        with torch.no_grad():
-            entropy = _scatter(entropy_from_logits(logits), sel)
-            sum_pi_sq = _scatter(sum_pi_sq_from_logits(logits), sel)
-        return TokenStats(logprobs=logprobs, entropy=entropy, sum_pi_sq=sum_pi_sq)
+        lp, ent, sq, sel = picked
+        return TokenStats(logprobs=_scatter(lp, sel), entropy=None if ent is None else _scatter(ent, sel),
+                          sum_pi_sq=None if sq is None else _scatter(sq, sel))
     logits = _logits(model, input_ids, attention_mask, temperature)
     logprobs = _pad_first(logprobs_from_logits(logits, input_ids[:, 1:]))
     with torch.no_grad():
-        entropy = _pad_first(entropy_from_logits(logits))
-        sum_pi_sq = _pad_first(sum_pi_sq_from_logits(logits))
-    return TokenStats(logprobs=logprobs, entropy=entropy, sum_pi_sq=sum_pi_sq)
+        ent_t = _pad_first(entropy_from_logits(logits)) if entropy else None
+        sq_t = _pad_first(sum_pi_sq_from_logits(logits)) if sum_pi_sq else None
+    return TokenStats(logprobs=logprobs, entropy=ent_t, sum_pi_sq=sq_t)

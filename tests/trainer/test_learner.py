@@ -164,3 +164,34 @@ def test_bad_arguments_named():
         Learner(tiny_llama(), TrainerConfig(), temperature=0)
     with pytest.raises(ValueError, match="micro_batch_size"):
         Learner(tiny_llama(), TrainerConfig(micro_batch_size=0))
+
+
+@pytest.mark.parametrize("loss", ["ppo", "gspo"])
+def test_lean_step_equals_the_recompute(loss, monkeypatch):
+    """Under the defaults (one mini-batch, GRPO, TRM off) π_prox comes from the training forward:
+    the update and the π_old metrics equal those of an explicit recompute."""
+    groups = random_groups(2, 3, VOCAB, seed=3)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    for g in groups:  # off-policy enough for the IS weights and clipping to matter
+        for t in g.trajectories:
+            for seg in t.segments:
+                seg.logprobs = [x - 0.1 * (i % 3) if x else 0.0 for i, x in enumerate(seg.logprobs)]
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=2, loss=loss)
+    lean, m_lean = run_step(cfg, groups)
+    monkeypatch.setattr(Learner, "prox_from_training_forward", lambda self, n: False)
+    full, m_full = run_step(cfg, groups)
+    assert m_lean["prox_recomputed"] == 0.0 and m_full["prox_recomputed"] == 1.0
+    assert not torch.equal(params(lean.model), params(tiny_llama(0)))
+    torch.testing.assert_close(params(lean.model), params(full.model), atol=1e-5, rtol=0)  # Adam: lr 1e-3 steps
+    for k in ("loss", "kl_k3_old_roll", "mean_abs_log_rho", "entropy_old", "entropy", "clip_fraction"):
+        assert m_lean[k] == pytest.approx(m_full[k], abs=1e-5), k
+
+
+def test_recompute_kept_where_prox_differs():
+    """Two mini-batches, OTB or TRM need π_old before the loss: the recompute stays."""
+    learner = Learner(tiny_llama(), TrainerConfig())
+    assert learner.prox_from_training_forward(4)
+    for over in (["trainer.minibatches=2"], ["trainer.advantage=otb"], ["trainer.trm.mode=max"]):
+        assert not Learner(tiny_llama(), load_config(None, overrides=over).trainer).prox_from_training_forward(4)
+    learner.model.config.attention_dropout = 0.1
+    assert not learner.prox_from_training_forward(4)

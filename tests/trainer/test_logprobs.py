@@ -103,3 +103,35 @@ def test_positions_path_matches_the_full_forward(tiny_model) -> None:
     part.logprobs.sum().backward()
     for a, p in zip(g_full, tiny_model.parameters()):
         assert torch.allclose(a, p.grad, atol=1e-5)
+
+
+def test_chunked_head_matches_one_chunk_and_skips_unasked_stats(tiny_model, monkeypatch) -> None:
+    """Chunks of 3 policy tokens (checkpointed) give the same log-probs, stats and gradients as one
+    chunk; entropy / Σπ² are None when not asked for."""
+    import torch
+
+    from agentrl.trainer import logprobs as lp_mod
+
+    torch.manual_seed(1)
+    ids = torch.randint(0, tiny_model.config.vocab_size, (2, 16))
+    positions = torch.zeros_like(ids, dtype=torch.bool)
+    positions[0, 2:13] = True
+    positions[1, 6:15] = True
+
+    def run(chunk: int, **flags):
+        monkeypatch.setattr(lp_mod, "CHUNK_TOKENS", chunk)
+        tiny_model.zero_grad()
+        st = lp_mod.token_logprobs_and_stats(tiny_model, ids, None, 0.9, positions=positions, **flags)
+        (st.logprobs * torch.linspace(0.1, 1.0, 16)).sum().backward()
+        return st, [p.grad.clone() for p in tiny_model.parameters()]
+
+    whole, g_whole = run(10_000)
+    chunked, g_chunked = run(3)
+    for a, b in [(whole.logprobs, chunked.logprobs), (whole.entropy, chunked.entropy),
+                 (whole.sum_pi_sq, chunked.sum_pi_sq)]:
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    for a, b in zip(g_whole, g_chunked):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    lean, _ = run(3, entropy=False, sum_pi_sq=False)
+    assert lean.entropy is None and lean.sum_pi_sq is None
+    torch.testing.assert_close(lean.logprobs, whole.logprobs, atol=1e-6, rtol=0)
