@@ -95,7 +95,8 @@ async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: i
         archive = fetch_sdist(spec, out_dir)
         tasks, stats = await synthesize(spec, cfg, max_tasks=max_tasks, max_candidates=max_candidates,
                                         max_failing=max_failing, seed=seed, archive_dir=out_dir,
-                                        source_ref=f"file:{archive}", log=log, time_budget_s=time_budget_s)
+                                        source_ref=f"file:{archive}", log=log, time_budget_s=time_budget_s,
+                                        max_baseline_s=min(120.0, time_budget_s / 3))
         result.tried, result.ops_tried, result.baseline_tests = stats.tried, stats.tried_ops, stats.baseline_tests
         result.proposed = len(tasks)
         for t in tasks:

@@ -14,6 +14,11 @@ Operators:
   (`if c: return/raise/continue/break` with no `else`) is deleted.
 - `swapped_arguments`: the first two positional arguments of a call are swapped.
 - `wrong_return`: `return True`↔`return False`, `return <expr>` → `return None`.
+- `removed_branch`: an `else:` branch (of if/for/while/try, not an elif) is deleted.
+- `wrong_default`: a constant default argument changes (True↔False, n → n±1, "" ↔ " ").
+- `wrong_exception`: `raise ValueError` → `raise TypeError`, `except KeyError` → `except IndexError`…
+- `slice_bound`: a non-literal slice bound off by one (`s[:n]` → `s[:n - 1]`, `s[i:]` → `s[i + 1:]`).
+- `two_functions` (two_function_mutations): two of the above in different functions of one file.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-OPERATORS = ("operator_swap", "off_by_one", "dropped_condition", "swapped_arguments", "wrong_return")
+OPERATORS = ("operator_swap", "off_by_one", "dropped_condition", "swapped_arguments", "wrong_return",
+             "removed_branch", "wrong_default", "wrong_exception", "slice_bound")
 
 _BINOP_SWAP: dict[type, type] = {
     ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
@@ -232,12 +238,145 @@ def _wrong_return(tree: ast.Module, source: str) -> Iterator[Candidate]:
         yield node.lineno, f"wrong return: {text}", _replace_span(source, node, text)
 
 
+_EXCEPTION_SWAP = {"ValueError": "TypeError", "TypeError": "ValueError", "KeyError": "IndexError",
+                   "IndexError": "KeyError", "AttributeError": "KeyError", "RuntimeError": "ValueError",
+                   "NotImplementedError": "RuntimeError", "LookupError": "ValueError"}
+
+
+def _removed_branch(tree: ast.Module, source: str) -> Iterator[Candidate]:
+    """An `else:` branch (not an `elif`) deleted, so its case falls through to what follows."""
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.If, ast.For, ast.While, ast.Try)) or not node.orelse:
+            continue
+        first = node.orelse[0]
+        if isinstance(node, ast.If) and isinstance(first, ast.If) and lines[first.lineno - 1].lstrip().startswith("elif"):
+            continue
+        else_line = first.lineno - 1
+        if else_line < 1 or lines[else_line - 1].strip() != "else:":
+            continue
+        if isinstance(node, ast.If) and not node.body:
+            continue
+        yield else_line, "remove else branch", _delete_lines(source, else_line, node.orelse[-1].end_lineno or else_line)
+
+
+def _wrong_default(tree: ast.Module, source: str) -> Iterator[Candidate]:
+    """A constant default argument changed: True<->False, n -> n+1 (n-1 for n > 1), "" <-> " "."""
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for default in [*node.args.defaults, *[d for d in node.args.kw_defaults if d is not None]]:
+            if not isinstance(default, ast.Constant):
+                continue
+            value = default.value
+            if isinstance(value, bool):
+                text = repr(not value)
+            elif isinstance(value, int):
+                text = str(value - 1 if value > 1 else value + 1)
+            elif isinstance(value, str) and len(value) <= 1:
+                text = repr(" " if value == "" else "")
+            else:
+                continue
+            yield default.lineno, f"default of {node.name}(): {ast.unparse(default)} -> {text}", \
+                _replace_span(source, default, text)
+
+
+def _wrong_exception(tree: ast.Module, source: str) -> Iterator[Candidate]:
+    """`raise ValueError(...)` raises another type, or `except KeyError` catches another one."""
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+            target = node.type
+        if isinstance(target, ast.Name) and target.id in _EXCEPTION_SWAP:
+            new = _EXCEPTION_SWAP[target.id]
+            what = "raise" if isinstance(node, ast.Raise) else "except"
+            yield target.lineno, f"{what} {target.id} -> {new}", _replace_span(source, target, new)
+
+
+def _slice_bound(tree: ast.Module, source: str) -> Iterator[Candidate]:
+    """A non-literal slice bound off by one: `s[:n]` -> `s[:n - 1]`, `s[i:]` -> `s[i + 1:]`."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Slice):
+            continue
+        for bound, delta in ((node.lower, ast.Add()), (node.upper, ast.Sub())):
+            if bound is None or isinstance(bound, ast.Constant):
+                continue  # literal bounds are off_by_one's
+            new = ast.BinOp(bound, delta, ast.Constant(1))
+            yield bound.lineno, f"slice bound {ast.unparse(bound)} -> {ast.unparse(new)}", \
+                _replace_expr(source, bound, new)
+
+
+def two_function_mutations(mutations: list[Mutation], k: int, seed: int = 0) -> list[Mutation]:
+    """Up to `k` bugs spanning two functions of one file: two single-site mutations of different
+    top-level functions or methods applied together (operator `two_functions`)."""
+    rng = random.Random(seed)
+    by_file: dict[str, list[Mutation]] = {}
+    for m in mutations:
+        by_file.setdefault(m.path, []).append(m)
+    out: list[Mutation] = []
+    for path, group in sorted(by_file.items()):
+        funcs = _function_spans(group[0].original)
+        tagged = [(m, f) for m in group if (f := _enclosing(funcs, m.lineno)) is not None]
+        rng.shuffle(tagged)
+        for (a, fa), (b, fb) in zip(tagged[0::2], tagged[1::2]):
+            if fa == fb or len(out) >= k:
+                continue
+            first, second = sorted((a, b), key=lambda m: m.lineno)
+            merged = _merge(first, second)
+            if merged is not None:
+                out.append(Mutation(path, "two_functions", first.lineno,
+                                    f"{first.description} in {fa if first is a else fb}(); "
+                                    f"{second.description} in {fb if second is b else fa}()",
+                                    first.original, merged))
+    return out
+
+
+def _function_spans(source: str) -> list[tuple[str, int, int]]:
+    spans = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append((node.name, node.lineno, node.end_lineno or node.lineno))
+    return spans
+
+
+def _enclosing(spans: list[tuple[str, int, int]], lineno: int) -> str | None:
+    inside = [s for s in spans if s[1] <= lineno <= s[2]]
+    return min(inside, key=lambda s: s[2] - s[1])[0] if inside else None  # the innermost function
+
+
+def _changed_region(original: list[str], mutated: list[str]) -> tuple[int, int, list[str]]:
+    ops = [op for op in difflib.SequenceMatcher(None, original, mutated, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    return ops[0][1], ops[-1][2], mutated[ops[0][3]:ops[-1][4]]
+
+
+def _merge(first: Mutation, second: Mutation) -> str | None:
+    """Both mutations' line changes in one source, if their regions do not overlap."""
+    original = first.original.splitlines(keepends=True)
+    a1, a2, la = _changed_region(original, first.mutated.splitlines(keepends=True))
+    b1, b2, lb = _changed_region(original, second.mutated.splitlines(keepends=True))
+    if a2 > b1:
+        return None
+    merged = "".join(original[:a1] + la + original[a2:b1] + lb + original[b2:])
+    try:
+        ast.parse(merged)
+    except SyntaxError:
+        return None
+    return merged
+
+
 _OPERATOR_FNS: dict[str, Callable[[ast.Module, str], Iterator[Candidate]]] = {
     "operator_swap": _operator_swap,
     "off_by_one": _off_by_one,
     "dropped_condition": _dropped_condition,
     "swapped_arguments": _swapped_arguments,
     "wrong_return": _wrong_return,
+    "removed_branch": _removed_branch,
+    "wrong_default": _wrong_default,
+    "wrong_exception": _wrong_exception,
+    "slice_bound": _slice_bound,
 }
 
 

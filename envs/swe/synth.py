@@ -34,7 +34,7 @@ from typing import Any
 from agentrl.config import SandboxConfig
 
 from .grade import is_test_file, prepare_repo, run_tests
-from .mutate import Mutation, find_mutations, sample_mutations
+from .mutate import Mutation, find_mutations, sample_mutations, two_function_mutations
 from .schema import DATA_DIR, normalize_task, save_tasks
 
 SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -234,11 +234,15 @@ def ensure_task_image(task: dict[str, Any], base_image: str) -> str:
 
 
 def problem_statement(package: str, failing: list[str], messages: dict[str, str], patch: str,
-                      show: int = 5) -> str:
-    """Describe the bug by its symptoms: failing test ids and assertion messages. A message that
-    quotes a line of the patch is left out, so the statement never leaks the fix."""
+                      show: int = 5, style: str = "tests") -> str:
+    """Describe the bug by its symptoms. `tests`: the failing test ids and their assertion
+    messages; `report`: a user's bug report, the failing behaviour in words (from the test names)
+    and what went wrong, with no test id. A message that quotes a line of the patch is left out,
+    so the statement never leaks the fix."""
     patch_lines = {ln[1:].strip() for ln in patch.splitlines()
                    if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and len(ln[1:].strip()) >= 6}
+    if style == "report":
+        return _bug_report(package, failing, messages, patch_lines, show)
     lines = [f"After a recent change, {len(failing)} test(s) of the `{package}` package fail:", ""]
     for node in failing[:show]:
         msg = " ".join(messages.get(node, "").split())[:300]
@@ -251,6 +255,32 @@ def problem_statement(package: str, failing: list[str], messages: dict[str, str]
     lines += ["", "The tests are correct; the bug is in the library code. Find it and fix it so that these "
               "tests pass without breaking the other tests. Do not modify the tests."]
     return "\n".join(lines)
+
+
+def _bug_report(package: str, failing: list[str], messages: dict[str, str], patch_lines: set[str],
+                show: int) -> str:
+    behaviours = list(dict.fromkeys(_behaviour(n) for n in failing))
+    title = behaviours[0] + (f" (and {len(behaviours) - 1} more)" if len(behaviours) > 1 else "")
+    lines = [f"{package}: {title} is broken", "",
+             f"After updating `{package}`, code that relied on the following behaviour stopped working:", ""]
+    for node in failing[:show]:
+        msg = " ".join(messages.get(node, "").split())[:300]
+        leak = not msg or any(pl in msg for pl in patch_lines)
+        lines.append(f"- {_behaviour(node)}" + ("" if leak else f": {msg}"))
+    if len(failing) > show:
+        lines.append(f"- ... and {len(failing) - show} more cases")
+    lines += ["", "This used to work and the package's own test suite expects it to. Please fix the library code "
+              "(not its tests)."]
+    return "\n".join(lines)
+
+
+def _behaviour(node: str) -> str:
+    """A test id in words: `tests/test_x.py::TestTitle::test_camel_case[a-b]` -> `Title: camel case (a-b)`."""
+    parts = node.split("::")
+    name, _, params = parts[-1].partition("[")
+    words = re.sub(r"^test_?", "", name).replace("_", " ").strip() or name
+    owner = re.sub(r"^Test_?", "", parts[-2]) if len(parts) > 2 else ""
+    return (f"{owner}: " if owner else "") + words + (f" ({params.rstrip(']')})" if params else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +305,8 @@ class SynthStats:
 async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 8, max_candidates: int = 200,
                      max_failing: int = 10, seed: int = 0, archive_dir: Path | None = None,
                      source_ref: str | None = None, log: Any = print,
-                     time_budget_s: float = float("inf")) -> tuple[list[dict[str, Any]], SynthStats]:
+                     time_budget_s: float = float("inf"),
+                     max_baseline_s: float = 600.0) -> tuple[list[dict[str, Any]], SynthStats]:
     """Synthesise up to `max_tasks` bug-fix tasks from one package (each bug breaks 1..max_failing
     baseline tests, reproducibly; `validate_task` re-checks them from scratch)."""
     from .runtime import make_task_sandbox
@@ -306,7 +337,10 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     try:
         await prepare_repo(sandbox, base, commit=False)
         targets = layout.test_files
-        runs = [await run_tests(sandbox, base, targets, timeout=600) for _ in range(2)]
+        runs = [await run_tests(sandbox, base, targets, timeout=max_baseline_s) for _ in range(2)]
+        if any(r.timed_out for r in runs):
+            raise RuntimeError(f"{spec}: its tests take longer than {max_baseline_s:.0f} s per run (the limit for "
+                               "synthesis, which runs them several times per task)")
         stable = sorted(n for n in runs[0].statuses if runs[0].passed(n) and runs[1].passed(n))
         stats.baseline_tests = len(stable)
         if not stable:
@@ -314,6 +348,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
         baseline_s = max(r.seconds for r in runs)
         log(f"{spec}: {len(stable)} stable passing tests at baseline ({baseline_s:.1f}s per run)")
         mutations = [m for f, src in sources.items() for m in _safe_mutations(src, f)]
+        mutations += two_function_mutations(mutations, k=max(10, len(mutations) // 10), seed=seed)
         stats.candidates = len(mutations)
         for m in sample_mutations(mutations, max_candidates, seed):
             if len(tasks) >= max_tasks or time.perf_counter() - start > time_budget_s:
@@ -373,7 +408,7 @@ async def _try_mutation(sandbox: Any, base: dict[str, Any], m: Mutation, targets
     return {
         **base,
         "instance_id": f"{base['instance_id']}-{digest}",
-        "problem_statement": problem_statement(package.split("==")[0], f2p, first.messages, gold),
+        "problem_statement": problem_statement(package.split("==")[0], f2p, first.messages, gold, style="report"),
         "patch": gold,
         "bug_patch": m.bug_patch,
         "FAIL_TO_PASS": f2p,

@@ -4,13 +4,20 @@ apply with the real `git apply` and `patch -p1`."""
 from __future__ import annotations
 
 import ast
+import difflib
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from agentrl.envs.swe.mutate import OPERATORS, find_mutations, sample_mutations, unified_diff
+from agentrl.envs.swe.mutate import (
+    OPERATORS,
+    find_mutations,
+    sample_mutations,
+    two_function_mutations,
+    unified_diff,
+)
 
 SOURCE = '''\
 def clamp(x, lo, hi):
@@ -83,13 +90,64 @@ def test_wrong_return() -> None:
     assert out == ["def f():\n    return None\n\ndef g():\n    return False\n"]
 
 
+SOURCE2 = '''\
+def head(items, n=3, strict=False):
+    if strict and len(items) < n:
+        raise ValueError("too few items")
+    return items[:n]
+
+
+def lookup(table, key):
+    try:
+        value = table[key]
+    except KeyError:
+        return None
+    else:
+        return value.strip()
+'''
+
+
 def test_every_mutation_parses_and_changes_the_ast() -> None:
-    mutations = find_mutations(SOURCE, "pkg/mod.py")
+    mutations = find_mutations(SOURCE, "pkg/mod.py") + find_mutations(SOURCE2, "pkg/two.py")
     assert {m.operator for m in mutations} == set(OPERATORS)
-    original = ast.dump(ast.parse(SOURCE))
     for m in mutations:
-        assert ast.dump(ast.parse(m.mutated)) != original, m.description
-        assert len(lines_changed(SOURCE, m.mutated)) <= 2 or m.operator == "dropped_condition"
+        assert ast.dump(ast.parse(m.mutated)) != ast.dump(ast.parse(m.original)), m.description
+        assert len(lines_changed(m.original, m.mutated)) <= 2 or m.operator in ("dropped_condition", "removed_branch")
+
+
+def test_new_bug_kinds() -> None:
+    by_op = {}
+    for m in find_mutations(SOURCE2, "pkg/two.py"):
+        by_op.setdefault(m.operator, []).append(m)
+    assert any("def head(items, n=2, strict=False)" in m.mutated for m in by_op["wrong_default"])
+    assert any("def head(items, n=3, strict=True)" in m.mutated for m in by_op["wrong_default"])
+    assert any("raise TypeError(" in m.mutated for m in by_op["wrong_exception"])
+    assert any("except IndexError:" in m.mutated for m in by_op["wrong_exception"])
+    assert [m.mutated.count("else:") for m in by_op["removed_branch"]] == [0]
+    assert "return items[:n - 1]" in by_op["slice_bound"][0].mutated
+
+
+def test_two_function_bugs_touch_two_functions(tmp_path: Path) -> None:
+    singles = find_mutations(SOURCE, "pkg/mod.py")
+    pairs = two_function_mutations(singles, k=5, seed=1)
+    assert pairs and all(m.operator == "two_functions" for m in pairs)
+    for m in pairs:
+        matcher = difflib.SequenceMatcher(None, SOURCE.splitlines(), m.mutated.splitlines(), autojunk=False)
+        changed = [n + 1 for tag, i1, i2, _, _ in matcher.get_opcodes() if tag != "equal" for n in range(i1, max(i2, i1 + 1))]
+        assert len({_function_of(SOURCE, n) for n in changed}) == 2, (m.description, changed)
+        ast.parse(m.mutated)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(pairs[0].mutated)
+    (tmp_path / "fix.diff").write_text(pairs[0].gold_patch)
+    subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True)
+    assert (tmp_path / "pkg" / "mod.py").read_text() == SOURCE
+
+
+def _function_of(source: str, lineno: int) -> str:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.lineno <= lineno <= (node.end_lineno or 0):
+            return node.name
+    return ""
 
 
 def test_bad_input_is_named() -> None:

@@ -94,6 +94,11 @@ def test_layout_and_helpers(tmp_path: Path) -> None:
     assert "`t.py::a`" in quoting and "x < lo" not in quoting  # a message quoting the fix is left out
     plain = problem_statement("minilib", ["t.py::a"], {"t.py::a": "assert 0 == -5"}, fix)
     assert "`t.py::a`: assert 0 == -5" in plain
+    failing = ["tests/test_m.py::TestClamp::test_clamp_low[1-2]", "tests/test_m.py::test_mean_empty"]
+    report = problem_statement("minilib", failing, {failing[1]: "assert 0 == -5", failing[0]: "near 'if x < lo:'"},
+                               fix, style="report")
+    assert "Clamp: clamp low (1-2)" in report and "- mean empty: assert 0 == -5" in report
+    assert "::" not in report and "test_m.py" not in report and "x < lo" not in report  # no test id, no leak
 
 
 @pytest.mark.slow  # ~20 s on an idle 2-core machine, ~50 s under load
