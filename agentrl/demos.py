@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import ConfigError
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.types import Message, Segment, Status, Task, Trajectory, Turn
 
 
-class DemonstrationError(ValueError):
+class DemonstrationError(ConfigError):
     """Demonstrations or recorded trajectories that cannot be trained on; the message is one
-    line naming the problem and the fix."""
+    line naming the problem and the fix. A ConfigError: it stops a run before any training."""
 
 
 class TeacherEngine:
@@ -195,7 +196,7 @@ def tokens_from_messages(messages: Sequence[Message], tokenizer: Any, traj_id: s
             while j < len(messages) and messages[j].get("role") != "assistant":
                 j += 1
             new = [dict(m) for m in messages[i + 1:j]]
-            if new:  # the last action of an episode is not closed (the rollout ends there too)
+            if new and j < len(messages):  # the last action's observation is not in the context (as in the rollout)
                 seg.append(chat.close_assistant(history, True) + chat.append_messages(history, new), policy=False)
                 history.extend(new)
             i = j

@@ -1,0 +1,156 @@
+"""What `agentrl train` does around the RL loop (issue 13): the supervised warm start and the
+held-out evaluations (step 0, after the warm start, every `eval.every` RL steps, the end).
+
+    stages = await Stages.start(cfg, run_dir, learner, env_factory, train_tasks, resumed_extra)
+    await stages.before_rl(checkpoint)         # base eval, warm start, eval after it
+    line.update(await stages.after_step(step_done))
+    summary.update(await stages.finish())
+
+Files: `warm_start.jsonl` (one line per SFT optimizer step), `eval.jsonl` (one line per held-out
+evaluation); the held-out figures of an evaluation made at an RL step also go into that step's
+metrics.jsonl line (heldout_*), and every record into summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.types import Task, Trajectory
+
+
+def _say(cfg: Config, text: str) -> None:
+    if not cfg.run.quiet:
+        print(f"[agentrl] {text}", flush=True)
+
+
+@dataclass
+class Stages:
+    cfg: Config
+    run_dir: Path
+    learner: Any
+    env_factory: Callable[[], Any]
+    train_tasks: list[Task]
+    tokenizer: Any
+    evaluator: Any = None
+    warm_done: bool = False
+    fresh: bool = True  # no RL step done yet (not a resumed run)
+    warm_data: list[Trajectory] = field(default_factory=list)
+    warm_rows: list[dict[str, Any]] = field(default_factory=list)
+    eval_engine: Any = None
+    sft_file: str = "warm_start.jsonl"  # `agentrl sft` runs write their SFT lines to metrics.jsonl
+
+    @classmethod
+    async def start(cls, cfg: Config, run_dir: Path, learner: Any, env_factory: Callable[[], Any],
+                    train_tasks: list[Task], resumed_extra: dict[str, Any] | None = None) -> Stages:
+        """Load what the stages need and the warm-start data (so bad data stops the run before
+        any training: DemonstrationError)."""
+        from agentrl.models import load_tokenizer, resolve_configured
+
+        extra = resumed_extra or {}
+        stages = cls(cfg, run_dir, learner, env_factory, train_tasks,
+                     load_tokenizer(resolve_configured(cfg.model)),
+                     warm_done=bool(extra.get("warm_start_done")), fresh=int(extra.get("step", 0)) == 0)
+        heldout_ids: set[str] = set()
+        if cfg.eval.enabled:
+            from agentrl.evaluate import HeldOutEvaluator
+            from agentrl.inference import make_engine
+
+            probe = env_factory()
+            try:
+                tasks = list(probe.tasks(cfg.eval.split))
+            finally:
+                await probe.aclose()
+            stages.eval_engine = make_engine(cfg)
+            stages.evaluator = HeldOutEvaluator(cfg, env_factory, tasks, stages.tokenizer, stages.eval_engine,
+                                                run_dir)
+            heldout_ids = stages.evaluator.task_ids
+        if cfg.trainer.warm_start.enabled and not stages.warm_done:
+            from agentrl.sft import warm_start_data
+
+            _say(cfg, "warm start: collecting " + (f"trajectories from {cfg.trainer.warm_start.data}"
+                                                   if cfg.trainer.warm_start.data else "demonstrations"))
+            stages.warm_data = await warm_start_data(cfg, env_factory, train_tasks, stages.tokenizer, heldout_ids)
+            leaked = heldout_ids & {t.task_id for t in stages.warm_data}
+            assert not leaked, f"held-out tasks in the warm-start data: {sorted(leaked)[:3]}"
+        return stages
+
+    async def evaluate(self, phase: str, step: int) -> dict[str, Any] | None:
+        if self.evaluator is None:
+            return None
+        from agentrl.evaluate import heldout_line
+
+        rec = await self.evaluator.run(self.learner, phase, step)
+        _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
+        return rec
+
+    async def before_rl(self, checkpoint: Callable[[dict[str, Any]], Any]) -> None:
+        """Base evaluation, then the warm start (checkpointed, so --resume skips it) and the
+        evaluation after it."""
+        import asyncio
+
+        if self.fresh and not self.warm_done:
+            await self.evaluate("base", 0)
+        if self.warm_data:
+            from agentrl.run import _jsonable
+            from agentrl.sft import sft_train
+
+            ws = self.cfg.trainer.warm_start
+            n_tok = sum(t.num_policy_tokens for t in self.warm_data)
+            _say(self.cfg, f"warm start: {len(self.warm_data)} trajectories, {n_tok} policy tokens, "
+                           f"{ws.epochs} epoch(s) at lr {ws.lr:g}")
+            total = ws.epochs * -(-len(self.warm_data) // ws.batch_size)
+            with open(self.run_dir / self.sft_file, "a") as f:
+                def write(row: dict[str, Any]) -> None:
+                    f.write(json.dumps(_jsonable(row)) + "\n")
+                    f.flush()
+                    if row["step"] % max(1, total // 10) == 0 or row["step"] == total - 1:
+                        _say(self.cfg, f"warm start step {row['step'] + 1}/{total}: loss {row['loss']:.3f} "
+                                       f"({row['tokens_per_s'] or 0:.0f} tokens/s)")
+
+                self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws, on_step=write)
+            self.warm_done = True
+            self.warm_data = []
+            last = self.warm_rows[-1]
+            _say(self.cfg, f"warm start done: {len(self.warm_rows)} steps, loss {last['loss']:.3f}")
+            checkpoint({"warm_start_done": True})
+            await self.evaluate("warm_start", 0)
+
+    async def after_step(self, step_done: int, total: int) -> dict[str, Any]:
+        """The held-out figures to merge into this RL step's metrics line (empty when no
+        evaluation is due; the final one runs in `finish`)."""
+        every = self.cfg.eval.every
+        if every > 0 and step_done % every == 0 and step_done < total:
+            rec = await self.evaluate("step", step_done)
+            return {k: v for k, v in (rec or {}).items() if k.startswith("heldout_")}
+        return {}
+
+    async def finish(self, step_done: int, final_eval: bool = True) -> dict[str, Any]:
+        """The final evaluation (unless told not to: Ctrl-C, or an SFT-only run whose last
+        evaluation was the one after the warm start) and the summary.json additions."""
+        if self.evaluator is not None and final_eval:
+            await self.evaluate("final", step_done)
+        out: dict[str, Any] = {}
+        if self.evaluator is not None:
+            out["heldout"] = self.evaluator.records
+            by_phase = {r["phase"]: r for r in self.evaluator.records}
+            for phase in ("base", "warm_start", "final"):
+                if phase in by_phase:
+                    r = by_phase[phase]
+                    out[f"heldout_{phase}"] = {k: r[k] for k in ("heldout_success", "heldout_ci_low",
+                                                                   "heldout_ci_high", "heldout_n")}
+            _say(self.cfg, "held-out success on " + self.cfg.eval.split + ": " + "  →  ".join(
+                f"{p} {r['heldout_success']:.3f} [{r['heldout_ci_low']:.3f}, {r['heldout_ci_high']:.3f}]"
+                for p, r in by_phase.items() if p != "step"))
+        if self.warm_rows:
+            out["warm_start"] = {"steps": len(self.warm_rows), "final_loss": self.warm_rows[-1]["loss"],
+                                 "wall_s": self.warm_rows[-1]["wall_s"]}
+        return out
+
+    async def close(self) -> None:
+        if self.eval_engine is not None:
+            await self.eval_engine.close()
