@@ -275,9 +275,11 @@ def main() -> None:
     _undumpable = undumpable()
     if boot.get("restore"):  # only in a sandbox of its own: the tmpfs mounts are the sandbox's
         snapshot()
-    if os.getpid() == 1:
-        signal.signal(signal.SIGCHLD, reap_orphans)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    if os.getpid() == 1:  # the kernel drops signals from inside the namespace that PID 1 does not
+        signal.signal(signal.SIGCHLD, reap_orphans)  # handle, so sandboxed code cannot end or stop it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python's own handler would let SIGINT through
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     for line in sys.stdin.buffer:
         if not line.strip():
             continue

@@ -64,12 +64,15 @@ async def test_reuse_after_reset_finds_nothing(backend: str) -> None:
             assert r.stdout.split() == ["0"], f"something survived the reset: {r.stdout!r}"
 
 
-async def test_hijacker_cannot_open_the_channel_and_dies_at_reset(sandbox) -> None:
+async def test_hijacker_cannot_take_the_channel_or_end_the_agent_and_dies_at_reset(sandbox) -> None:
     await sandbox.write_file("/tmp/hijack.py", HIJACK)
     r = await sandbox.exec("python3 /tmp/hijack.py > /tmp/hijack.log 2>&1 & sleep 1; cat /tmp/hijack.log")
     assert r.stdout.startswith("OPENED 0"), f"sandboxed code opened the agent's channel: {r.stdout!r}"
     ping = await sandbox._ask("ping", 10)  # type: ignore[attr-defined]
     assert ping["undumpable"] is True and ping["pid"] == 1
+    # nor can it end or stop the agent (PID 1 of its namespace ignores what it does not handle)
+    r = await sandbox.exec("for s in TERM INT HUP QUIT USR1 STOP KILL; do kill -$s 1; done; echo sent")
+    assert r.stdout == "sent\n" and (await sandbox.exec("echo alive")).stdout == "alive\n", r
     await sandbox.reset()
     r = await sandbox.exec("ps -eo pid,args | grep -c '[O]PENED' ; echo served")
     assert r.stdout == "0\nserved\n", r  # the hijacker is gone and the real agent answers
