@@ -46,6 +46,9 @@ class EngineConfig:
     base_url: str = "http://127.0.0.1:8000/v1"  # openai engine
     api_key: str = "EMPTY"
     gpu_memory_utilization: float = 0.5  # vllm
+    # openai: a folder the vLLM server also reads, for weight pushes (None: a temp folder, for a
+    # server on this machine)
+    weights_dir: str | None = None
     max_model_len: int = 4096
     prefix_cache_mb: float = 1024  # hf: finished turns' KV kept for the next turn's prompt; 0 = off
 
@@ -204,6 +207,10 @@ class LaminarConfig:
     heartbeat_s: float = 2.0
     chunk_bytes: int = 16 * 1024 * 1024
     ray_address: str | None = None
+    wait_timeout_s: float = 1800.0  # the trainer's wait for one batch; then it names the dead workers
+    worker_num_gpus: float = 0.0  # Ray resources of each rollout worker actor (vllm on GPUs: 1)
+    worker_num_cpus: float = 1.0
+    pool_num_cpus: float = 1.0  # Ray CPUs of each node's sandbox pool actor
 
 
 @dataclass

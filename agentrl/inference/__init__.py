@@ -8,6 +8,8 @@ Backends are imported lazily so that `hf` users never import vLLM.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import TYPE_CHECKING
 
 from agentrl.inference.base import GenerateOutput, InferenceEngine, SamplingParams
@@ -23,11 +25,14 @@ def make_engine(cfg: Config) -> InferenceEngine:
     from agentrl.models import resolve_configured
 
     kind = cfg.engine.kind
+    path = resolve_configured(cfg.model)  # openai too: the rollout tokenizes with a local copy
     if kind == "openai":  # the server owns the model; cfg.model.name is the served model name
         from agentrl.inference.openai import OpenAIEngine
 
-        return OpenAIEngine(cfg.engine.base_url, cfg.model.name, api_key=cfg.engine.api_key)
-    path = resolve_configured(cfg.model)
+        # Weight pushes go through a folder the server reads (a server on this machine shares /tmp).
+        weights_dir = cfg.engine.weights_dir or os.path.join(tempfile.gettempdir(), f"agentrl-weights-{os.getpid()}")
+        return OpenAIEngine(cfg.engine.base_url, cfg.model.name, api_key=cfg.engine.api_key,
+                            weights_dir=weights_dir, tokenizer_path=path)
     if kind == "hf":
         from agentrl.inference.hf import HFEngine
 

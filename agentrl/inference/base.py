@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -30,10 +32,31 @@ class GenerateOutput:
 
 @runtime_checkable
 class InferenceEngine(Protocol):
+    """What the rollout needs from an engine: the tokenizer of the served model (chat template,
+    decoding), the token ids that end a turn, the weight version it generates with, and
+    generation and in-place weight updates. `make_engine` is the only place engines are built."""
+
     version: int
+    tokenizer: Any
+    eos_ids: frozenset[int]
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput: ...
 
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+def eos_token_ids(model_path: str | Path | None, tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's EOS plus the model's generation_config.json `eos_token_id` (one or a list)."""
+    ids: set[int] = set()
+    sources: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    gen = Path(model_path) / "generation_config.json" if model_path is not None else None
+    if gen is not None and gen.is_file():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for source in sources:
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

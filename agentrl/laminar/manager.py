@@ -67,6 +67,7 @@ class RolloutManager:
         self._lock = asyncio.Lock()
         self.loads: dict[str, WorkerLoad] = {}
         self.dead: list[str] = []
+        self.failures: dict[str, str] = {}  # dead worker -> why
         self.stats: dict[str, Any] = {"repack_rounds": 0, "repack_plans": 0, "repack_moves": 0,
                                       "repack_s": 0.0, "restarted": 0, "regenerated_groups": 0,
                                       "moves": []}
@@ -100,16 +101,19 @@ class RolloutManager:
         return await self.get_stats()
 
     async def _heartbeat(self) -> None:
-        async def beat(name: str, w: Any) -> WorkerLoad | None:
+        async def beat(name: str, w: Any) -> WorkerLoad | str:
             try:
                 return await asyncio.wait_for(w.load(), self.heartbeat_timeout_s)
-            except (ActorDied, asyncio.TimeoutError):
-                return None
+            except ActorDied as e:
+                return str(e)
+            except asyncio.TimeoutError:
+                return f"no heartbeat within {self.heartbeat_timeout_s:g} s"
 
         names = list(self.workers)
         answers = await asyncio.gather(*(beat(n, self.workers[n]) for n in names))
         for name, load in zip(names, answers):
-            if load is None:
+            if isinstance(load, str):
+                self.failures[name] = load
                 await self._recover(name)
             else:
                 self.loads[name] = load
@@ -151,6 +155,8 @@ class RolloutManager:
         self.dead.append(name)
         if self.on_dead is not None:
             await self.on_dead(handle)
+        with contextlib.suppress(Exception):  # a worker whose loop failed still holds an engine
+            await asyncio.wait_for(handle.stop(), 10.0)
         by_group: dict[str, list[PartialEntry]] = defaultdict(list)
         for e in await self.partial.of_worker(name):
             by_group[e.group_id].append(e)
@@ -183,5 +189,5 @@ class RolloutManager:
         return False
 
     async def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, dead=list(self.dead), alive=sorted(self.workers),
+        return dict(self.stats, dead=list(self.dead), failures=dict(self.failures), alive=sorted(self.workers),
                     loads={k: v.__dict__ for k, v in self.loads.items()})

@@ -21,8 +21,13 @@ from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.laminar.partial import PartialEntry
 from agentrl.laminar.prompts import GroupSpec
 from agentrl.laminar.relay import FetchPolicy
+from agentrl.laminar.runtime import ActorDied
 from agentrl.rollout.engine import RolloutEngine, RolloutState
 from agentrl.types import Task, Trajectory
+
+
+class WorkerFailed(ActorDied):
+    """A worker's own loop raised: it is as good as dead (the manager recovers its work)."""
 
 
 class EngineRunner:
@@ -130,6 +135,7 @@ class RolloutWorker:
         self._tokens: dict[str, int] = {}
         self._peak = 0.0
         self._c_last = 0.0
+        self.failure: str | None = None  # why a loop of this worker died
         self._held = False  # exported for a repack, waiting for the manager's verdict
         self._pulling = False
         self._wake = asyncio.Event()
@@ -149,8 +155,23 @@ class RolloutWorker:
         rollout = RolloutEngine(self.engine, tokenizer, self.sampling, on_progress=self._on_progress,
                                 **self.rollout_kwargs)
         self.runner = EngineRunner(rollout, self.env_factory)
-        self._tasks = [asyncio.ensure_future(self._drive()), asyncio.ensure_future(self._collect())]
+        self._tasks = [asyncio.ensure_future(self._supervised(self._drive)),
+                       asyncio.ensure_future(self._supervised(self._collect))]
         return self.id
+
+    async def _supervised(self, loop: Callable[[], Awaitable[None]]) -> None:
+        """A loop that raises kills the worker: its heartbeat fails from then on, so the
+        manager regenerates its trajectories elsewhere (a silent dead loop would hang the run)."""
+        try:
+            await loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # any failure ends the worker
+            self.failure = f"{loop.__name__}: {type(e).__name__}: {e}"
+            self.stats["errors"].append(self.failure)
+            for t in self._tasks:
+                if t is not asyncio.current_task():
+                    t.cancel()
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -246,6 +267,8 @@ class RolloutWorker:
 
     async def load(self) -> WorkerLoad:
         """The heartbeat: a dead or hung worker fails to answer."""
+        if self.failure is not None:
+            raise WorkerFailed(f"{self.id} failed: {self.failure}")
         tokens = sum(self._tokens.values())
         c = tokens / self.kv_capacity_tokens
         self._peak = max(self._peak, c)
@@ -258,7 +281,7 @@ class RolloutWorker:
         still (no pull) until `release` or `take_back`. Refuses (returns []) if it moved on."""
         runner = self.runner
         assert runner is not None
-        if self._pulling or self.version != version or self._held:
+        if self._pulling or self.version != version or self._held or self.failure is not None:
             return []
         self._held = True  # from now on: no pull, even once the last trajectory has left
 
@@ -283,7 +306,7 @@ class RolloutWorker:
     async def import_trajectories(self, moved: list[Moved], version: int) -> bool:
         """Resume trajectories exported by a worker of the same version; False if this one
         holds another version or is pulling (the manager then gives them back)."""
-        if self._pulling or self.version != version or self._held:
+        if self._pulling or self.version != version or self._held or self.failure is not None:
             return False
         specs = {m.group_id: GroupSpec(m.group_id, m.task, m.group_size) for m in moved}
         await self._launch([(m.traj_id, specs[m.group_id]) for m in moved], version,
@@ -308,7 +331,7 @@ class RolloutWorker:
 
     async def restart(self, entries: list[PartialEntry], version: int) -> bool:
         """Regenerate from scratch the trajectories of a dead worker (same ids, same version)."""
-        if self._pulling or self.version != version or self._held:
+        if self._pulling or self.version != version or self._held or self.failure is not None:
             return False
         await self._launch([(e.traj_id, GroupSpec(e.group_id, e.task, e.group_size)) for e in entries], version)
         self.stats["restarted"] += len(entries)
