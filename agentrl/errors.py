@@ -61,7 +61,7 @@ def explain(exc: BaseException) -> tuple[int, str]:
         return 1, one_line(str(exc))
     if _is(exc, "agentrl.sandboxes.common", "SandboxError"):
         # The sandbox layer's messages name the missing binary, engine or image and how to get it.
-        return 1, one_line(f"sandbox: {exc}")
+        return 1, one_line(str(exc))
     if _is(exc, "agentrl.envs.swe.schema", "TaskError"):
         return 1, one_line(f"bad task file: {exc}; fix the record it names, then check the file with "
                            "`agentrl swe validate FILE`")
@@ -74,6 +74,6 @@ def explain(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MemoryError):
         return 1, "out of memory; lower rollout.concurrency, rollout.group_size or trainer.micro_batch_size"
     if isinstance(exc, FileNotFoundError):
-        return 1, one_line(f"{exc}; check the path")
+        return 1, one_line(str(exc))  # a path the user gave: the message names it
     return 1, one_line(f"{type(exc).__name__}: {exc}{where(exc)}; unexpected: run again with --debug for the "
                        "traceback and report it")
