@@ -22,6 +22,7 @@ def test_help_lists_the_commands() -> None:
     assert out.returncode == 0
     for command in ["train", "eval", "envs", "env", "sandbox", "swe", "report"]:
         assert command in out.stdout
+    assert "--debug" in out.stdout  # the traceback switch for any failure (tests/test_cli_errors.py)
 
 
 def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture[str]) -> None:
