@@ -267,6 +267,25 @@ class _Checker:
         return "the sandbox went back to the pool; a second close() is harmless"
 
 
+    def demonstrations(self, sample: int = 3) -> str:
+        """Play the demonstrations of a few train tasks through the real rollout engine (the
+        embedded model's chat template); each must reach the env's best reward."""
+        from agentrl.demos import demonstration_problem, play_demonstration
+        from agentrl.env import has_demonstrations
+        from agentrl.models import load_tokenizer, resolve_model
+
+        if not has_demonstrations(self.env):
+            raise _Skip("the env defines no demonstrate() (optional; needed for `agentrl sft --env`)")
+        tasks = list(self.env.tasks("train"))
+        picks = [tasks[i * len(tasks) // sample] for i in range(min(sample, len(tasks)))]
+        tokenizer = load_tokenizer(resolve_model("smollm2-135m"))
+        for i, task in enumerate(picks):
+            traj = self.env._run(play_demonstration(lambda: self.env, task, tokenizer, seed=i, max_tokens=4096,
+                                                    max_context_tokens=32768, verify_template=i == 0))
+            problem = demonstration_problem(traj)
+            assert problem is None, f"the demonstration of task {task.get('id')} (seed {i}) {problem}"
+        return f"{len(picks)} demonstration(s) of train tasks reached the best reward"
+
     def adversarial(self) -> str:
         from agentrl.reward_hacks import adversarial_pass, generic_hacks
 
@@ -314,6 +333,7 @@ def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, adversaria
         checker.run("no blocking call on the event loop", checker.no_blocking)
         if adversarial:  # before close_releases, which closes the env
             checker.run("reward hacks score no better than a wrong answer", checker.adversarial)
+        checker.run("demonstrations reach the best reward", checker.demonstrations)  # before close
         checker.run("close() releases the sandbox", checker.close_releases)
     finally:
         with contextlib.suppress(Exception):

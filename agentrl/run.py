@@ -314,17 +314,18 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     def env_factory() -> Any:
         return make_env(cfg, pool)
 
+    try:
+        engines = await _start_engines(cfg, make_engine)
+    except BaseException:
+        await pool.close()
+        raise
     from agentrl.stages import Stages
 
     try:  # warm-start data and the held-out set: bad input stops here, before any training
         stages = await Stages.start(cfg, run_dir, learner, env_factory, tasks, extra)
     except BaseException:
-        await pool.close()
-        raise
-    try:
-        engines = await _start_engines(cfg, make_engine)
-    except BaseException:
-        await stages.close()
+        for engine in engines:
+            await engine.close()
         await pool.close()
         raise
     stop = asyncio.Event()

@@ -179,3 +179,16 @@ def test_a_failing_demonstration_stops_with_one_line(tok) -> None:
         asyncio.run(collect_demonstrations(_BadDemos, _BadDemos().tasks(), tok))
     msg = str(e.value)
     assert "demonstration of task 0" in msg and "went on after" in msg and "\n" not in msg
+
+
+def test_env_check_plays_demonstrations_and_fails_on_a_bad_one() -> None:
+    from agentrl.envcheck import check_env
+
+    def status(report):
+        return {c.name: c.status for c in report.checks}["demonstrations reach the best reward"]
+
+    assert status(check_env(_NoDemos())) == "skip"
+    bad = check_env(_BadDemos())
+    assert status(bad) == "fail" and not bad.ok
+    assert "went on after" in next(c.detail for c in bad.checks if c.name.startswith("demonstrations"))
+    assert status(check_env("search")) == "pass"
