@@ -352,3 +352,17 @@ async def make_task_sandbox(cfg: Any, task: dict[str, Any], log: Callable[[str],
         cls = LocalSandbox if cfg.backend == "local" else ProcessSandbox
         return sandbox_with_runtime(cls, Limits.from_config(cfg), runtime)
     return make_sandbox(replace(cfg, image=task.get("image") or cfg.image))
+
+
+def frozen_requirements(runtime: Runtime) -> list[str]:
+    """The runtime's installed distributions as NAME==VERSION pins (a docker image built from
+    them runs the same versions as the local backend)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(runtime.python), "list", "--format=freeze",
+                        "--disable-pip-version-check"], capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    if r.returncode != 0:
+        raise RuntimeBuildError(f"pip list in {runtime.path} failed: {_tail_of(r.stderr)}")
+    return [line for line in r.stdout.splitlines() if "==" in line]
+
+
+def _tail_of(text: str) -> str:
+    return " | ".join(text.strip().splitlines()[-3:])

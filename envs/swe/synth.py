@@ -21,6 +21,7 @@ import asyncio
 import configparser
 import hashlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from typing import Any
 
 from agentrl.config import SandboxConfig
 
-from .grade import is_test_file, prepare_repo, run_tests
+from .grade import AGENTRL_DIR, TestRun, is_test_file, parse_pytest_summary, prepare_repo
 from .mutate import Mutation, find_mutations, sample_mutations, two_function_mutations
 from .schema import DATA_DIR, normalize_task, save_tasks
 
@@ -189,9 +190,12 @@ def dockerfile(base_image: str, requirements: list[str], with_ca: bool) -> str:
             "WORKDIR /work\n")
 
 
-def build_image(spec: str, layout: Layout, base_image: str, *, rebuild: bool = False) -> str:
-    """Build (once) the package's sandbox image: the base image plus pytest and its test deps.
-    Builds use the host network; the sandboxes themselves run with `--network none`."""
+def build_image(spec: str, layout: Layout, base_image: str, *, rebuild: bool = False,
+                requirements: list[str] | None = None) -> str:
+    """Build (once) the package's sandbox image: the base image plus pytest and its test deps
+    (`requirements`: the exact pins of the package's local task runtime, so both backends run the
+    same versions; else the declared test requirements). Builds use the host network; the
+    sandboxes themselves run with `--network none`."""
     tag = image_tag(spec)
     if shutil.which("docker") is None:
         raise RuntimeError("the docker CLI is not installed; use sandbox.backend=local or install docker.io")
@@ -201,7 +205,8 @@ def build_image(spec: str, layout: Layout, base_image: str, *, rebuild: bool = F
         with_ca = HOST_CA.exists()
         if with_ca:
             shutil.copy(HOST_CA, Path(ctx, "host-ca.crt"))
-        Path(ctx, "Dockerfile").write_text(dockerfile(base_image, layout.test_requirements, with_ca))
+        reqs = layout.test_requirements if requirements is None else [r for r in requirements if r != "pytest"]
+        Path(ctx, "Dockerfile").write_text(dockerfile(base_image, reqs, with_ca))
         r = subprocess.run(["docker", "build", "--network", "host", "-t", tag, ctx],
                            capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
@@ -225,7 +230,9 @@ def ensure_task_image(task: dict[str, Any], base_image: str) -> str:
         raise RuntimeError(f"task {task['instance_id']}: image {image} is missing and the task has no source")
     with tempfile.TemporaryDirectory() as tmp:
         layout = analyse_repo(unpack(archive, Path(tmp)))
-    return build_image(spec, layout, base_image)
+    from .runtime import frozen_requirements, task_runtime
+
+    return build_image(spec, layout, base_image, requirements=frozen_requirements(task_runtime(task)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +329,10 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
         f"test requirements {layout.test_requirements or 'none'}")
     image = image_tag(spec)  # the task's docker image; the local backend ignores it
     if sandbox_cfg.backend == "docker":
-        build_image(spec, layout, sandbox_cfg.image)
+        from .runtime import RuntimeSpec, ensure_runtime, frozen_requirements
+
+        runtime = ensure_runtime(RuntimeSpec(spec, str(archive), tuple(layout.pythonpath)), log=log)
+        build_image(spec, layout, sandbox_cfg.image, requirements=frozen_requirements(runtime))
         log(f"{spec}: sandbox image {image}")
     base = {
         "instance_id": f"{name}-{version}", "repo": name, "base_commit": "", "image": image,
@@ -337,7 +347,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     try:
         await prepare_repo(sandbox, base, commit=False)
         targets = layout.test_files
-        runs = [await run_tests(sandbox, base, targets, timeout=max_baseline_s) for _ in range(2)]
+        runs = [await _run_tests(sandbox, base, targets, timeout=max_baseline_s) for _ in range(2)]
         if any(r.timed_out for r in runs):
             raise RuntimeError(f"{spec}: its tests take longer than {max_baseline_s:.0f} s per run (the limit for "
                                "synthesis, which runs them several times per task)")
@@ -369,6 +379,21 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     return tasks, stats
 
 
+async def _run_tests(sandbox: Any, task: dict[str, Any], targets: list[str], timeout: float) -> TestRun:
+    """pytest's own `-rA` summary, without the grader's tamper-checking plugin: synthesis runs the
+    unmodified package and its mutants (no agent code), and its checks after every test cost up to
+    10x here. Every kept task is then validated through the real grader (grade.validate_task)."""
+    paths = ":".join(f"$PWD/{p}" for p in [f"{AGENTRL_DIR}/site", *task["environment_setup"].get("pythonpath", [])])
+    cmd = (f'PYTHONPATH="{paths}${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONDONTWRITEBYTECODE=1 COLUMNS=400 python3 -m pytest '
+           "-p no:cacheprovider -o addopts= -rA --tb=short --color=no -q --continue-on-collection-errors "
+           + " ".join(shlex.quote(t) for t in targets))
+    r = await sandbox.exec(cmd, timeout=timeout)
+    if r.truncated:
+        raise RuntimeError(f"{task['instance_id']}: pytest output was truncated; raise sandbox.max_output_bytes")
+    statuses, messages = parse_pytest_summary(r.stdout)
+    return TestRun(statuses, messages, r.stdout + r.stderr, r.exit_code, r.timed_out, r.seconds)
+
+
 def _safe_mutations(source: str, path: str) -> list[Mutation]:
     try:
         return find_mutations(source, path)
@@ -381,7 +406,7 @@ async def _try_mutation(sandbox: Any, base: dict[str, Any], m: Mutation, targets
                         stats: SynthStats) -> dict[str, Any] | None:
     await sandbox.write_file(m.path, m.mutated)
     try:
-        first = await run_tests(sandbox, base, targets, timeout=timeout)
+        first = await _run_tests(sandbox, base, targets, timeout=timeout)
         if first.timed_out:
             stats.timed_out += 1
             return None
@@ -392,7 +417,7 @@ async def _try_mutation(sandbox: Any, base: dict[str, Any], m: Mutation, targets
         if len(failing) > max_failing:
             stats.too_many_failures += 1
             return None
-        second = await run_tests(sandbox, base, targets, timeout=timeout)
+        second = await _run_tests(sandbox, base, targets, timeout=timeout)
     finally:
         await sandbox.write_file(m.path, m.original)
     flaky = {n for n in stable if first.passed(n) != second.passed(n)}
