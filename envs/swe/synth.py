@@ -394,6 +394,16 @@ async def _run_tests(sandbox: Any, task: dict[str, Any], targets: list[str], tim
     return TestRun(statuses, messages, r.stdout + r.stderr, r.exit_code, r.timed_out, r.seconds)
 
 
+def related_tests(source_path: str, test_files: list[str]) -> list[str]:
+    """The test files named after the mutated module (`toolz/itertoolz.py` -> `test_itertoolz.py`),
+    else all: a mutant is checked against its module's tests first, which is several times
+    faster on packages with many test files (its FAIL_TO_PASS / PASS_TO_PASS come from those)."""
+    p = PurePosixPath(source_path)
+    stem = (p.parent.name if p.stem == "__init__" else p.stem).lstrip("_").lower()
+    related = [t for t in test_files if stem and stem in PurePosixPath(t).stem.lower()]
+    return related or test_files
+
+
 def _safe_mutations(source: str, path: str) -> list[Mutation]:
     try:
         return find_mutations(source, path)
@@ -404,6 +414,8 @@ def _safe_mutations(source: str, path: str) -> list[Mutation]:
 async def _try_mutation(sandbox: Any, base: dict[str, Any], m: Mutation, targets: list[str],
                         stable: list[str], max_failing: int, timeout: float,
                         stats: SynthStats) -> dict[str, Any] | None:
+    targets = related_tests(m.path, targets)
+    stable = [n for n in stable if n.split("::")[0] in targets]
     await sandbox.write_file(m.path, m.mutated)
     try:
         first = await _run_tests(sandbox, base, targets, timeout=timeout)

@@ -20,6 +20,7 @@ from agentrl.envs.swe.synth import (
     main,
     parse_spec,
     problem_statement,
+    related_tests,
     synthesize,
     unpack,
 )
@@ -99,6 +100,13 @@ def test_layout_and_helpers(tmp_path: Path) -> None:
                                fix, style="report")
     assert "Clamp: clamp low (1-2)" in report and "- mean empty: assert 0 == -5" in report
     assert "::" not in report and "test_m.py" not in report and "x < lo" not in report  # no test id, no leak
+
+
+def test_mutants_run_their_modules_tests_first() -> None:
+    tests = ["toolz/tests/test_itertoolz.py", "toolz/tests/test_dicttoolz.py"]
+    assert related_tests("toolz/itertoolz.py", tests) == ["toolz/tests/test_itertoolz.py"]
+    assert related_tests("src/semver/__init__.py", ["tests/test_semver.py", "tests/test_x.py"]) == ["tests/test_semver.py"]
+    assert related_tests("pkg/core.py", tests) == tests  # no test file named after it: all of them
 
 
 @pytest.mark.slow  # ~20 s on an idle 2-core machine, ~50 s under load
