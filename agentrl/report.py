@@ -81,6 +81,41 @@ def _hist_plot(path: Path, hist: dict[int, int]) -> None:
     plt.close(fig)
 
 
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _heldout_plot(path: Path, evals: list[dict[str, Any]]) -> None:
+    """Held-out success (Wilson 95% CI bars) over wall-clock time; the dashed line marks the end
+    of the warm start (the evaluation that follows it starts there)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if evals:
+        xs = [r["wall_s"] / 60 for r in evals]
+        ys = [r["heldout_success"] for r in evals]
+        err = [[y - r["heldout_ci_low"] for y, r in zip(ys, evals)], [r["heldout_ci_high"] - y for y, r in zip(ys, evals)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label="held-out success (95% CI)")
+        ax.plot(xs, [r["heldout_valid_call_rate"] for r in evals], marker="x", linestyle=":", label="valid-call rate")
+        for r in evals:
+            if r["phase"] == "warm_start":
+                ax.axvline((r["wall_s"] - r["eval_s"]) / 60, color="grey", linestyle="--", label="warm start ends")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no held-out evaluation (eval.enabled=false)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_title(f"held-out success ({evals[0]['split'] if evals else 'test'} split, n={evals[0]['heldout_n'] if evals else 0})")
+    ax.set_xlabel("wall-clock (min)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 PLOTS: list[tuple[str, list[str], str, str]] = [
     ("reward.png", ["reward_mean", "success_rate"], "reward and success", "value"),
     ("throughput.png", ["tokens_per_s", "trajs_per_min"], "rollout throughput", "per second / minute"),
@@ -98,6 +133,18 @@ def write_report(run_dir: str | Path) -> Path:
         _line_plot(out / name, rows, keys, title, ylabel)
     hist = staleness_histogram(rows)
     _hist_plot(out / "staleness.png", hist)
+    evals = _read_jsonl(run_dir / "eval.jsonl")
+    _heldout_plot(out / "heldout.png", evals)
+    warm = _read_jsonl(run_dir / "warm_start.jsonl")
+    if warm:
+        _line_plot(out / "warm_start.png", warm, ["sft_loss"], "warm start (SFT) loss", "cross-entropy")
+    heldout = "".join(
+        f"<tr><td>{html.escape(r['phase'])}</td><td>{r['step']}</td><td>{r['heldout_success']:.3f}</td>"
+        f"<td>{r['heldout_ci_low']:.3f}–{r['heldout_ci_high']:.3f}</td><td>{r['heldout_n']}</td>"
+        f"<td>{r['heldout_turns_mean']:.2f}</td><td>{r['heldout_valid_call_rate']:.2f}</td></tr>" for r in evals)
+    if heldout:
+        heldout = ("<h2>held-out evaluation</h2><table><tr><td>phase</td><td>step</td><td>success</td>"
+                   f"<td>95% CI</td><td>n</td><td>turns</td><td>valid calls</td></tr>{heldout}</table>")
 
     summary_keys = ["step", "reward_mean", "success_rate", "turns_mean", "policy_tokens", "tokens_per_s",
                     "staleness_mean", "loss", "grad_norm", "wall_s"]
@@ -108,12 +155,13 @@ def write_report(run_dir: str | Path) -> Path:
         for k in summary_keys)
     config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
     images = "".join(f'<img src="{name}" alt="{name}">' for name in
-                     ["reward.png", "throughput.png", "staleness.png", "sandbox_latency.png", "loss.png"])
+                     ["heldout.png", "reward.png", "throughput.png", "staleness.png", "sandbox_latency.png",
+                      "loss.png", *(["warm_start.png"] if warm else [])])
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>agentrl run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1250px;margin:auto}}img{{width:600px;margin:4px}}
 table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px}}</style></head><body>
 <h1>{html.escape(run_dir.name)}</h1><p>{len(rows)} steps. Staleness histogram: {html.escape(json.dumps(hist))}</p>
-<table><tr><td>metric</td><td>first step</td><td>last step</td></tr>{table}</table>
+{heldout}<table><tr><td>metric</td><td>first step</td><td>last step</td></tr>{table}</table>
 {images}<h2>config</h2><pre>{html.escape(config)}</pre></body></html>"""
     (out / "index.html").write_text(page)
     return out
