@@ -512,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_synth_cli(args))
         return asyncio.run(_validate_cli(args))
     except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        from .batch import diagnose
+
+        print(f"error: {diagnose(str(e))}", file=sys.stderr)  # one line: why this package gave no task
         return 1
 
 
