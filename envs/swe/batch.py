@@ -165,9 +165,21 @@ def ship(staging: Path, dest: Path = SUITE_DIR, test_every: int = 5) -> dict[str
         for t in tasks:
             t["source"] = f"data:{dest.relative_to(DATA_DIR).as_posix()}/{archive.name}"
             t["split"] = split
+            t["difficulty"] = difficulty(t)
         save_tasks(tasks, dest / f.name)
         counts[split] = counts.get(split, 0) + len(tasks)
     return counts
+
+
+def difficulty(task: dict[str, Any]) -> dict[str, Any]:
+    """Figures to sort tasks by: lines and files the fix changes, tests it must turn green, the bug's kind."""
+    from .grade import split_patch
+
+    changed = [ln for ln in task["patch"].splitlines()
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return {"lines_changed": len(changed), "files_changed": len(split_patch(task["patch"])),
+            "failing_tests": len(task["FAIL_TO_PASS"]),
+            "operator": (task.get("mutation") or {}).get("operator", "")}
 
 
 def package_split(package: str, test_every: int = 5) -> str:

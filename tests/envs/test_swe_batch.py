@@ -42,6 +42,9 @@ def test_ship_points_tasks_at_the_shipped_sdist(tmp_path: Path) -> None:
         shipped = load_tasks(dest / "semver-3.0.2.jsonl.gz")
         assert [t["source"] for t in shipped] == ["data:suite-test-tmp/semver-3.0.2.tar.gz"] * 2
         assert {t["split"] for t in shipped} == {batch.package_split("semver")} and sum(counts.values()) == 2
+        d = shipped[0]["difficulty"]
+        assert d["files_changed"] == 1 and d["lines_changed"] >= 2 and d["failing_tests"] == len(core[0]["FAIL_TO_PASS"])
+        assert d["operator"] == core[0]["mutation"]["operator"]
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
