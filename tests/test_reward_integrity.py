@@ -154,11 +154,11 @@ async def _hack_patch(sandbox: Sandbox, task: dict[str, Any], code: str) -> str:
     return r.stdout
 
 
-# every hack on the local backend; on Docker (the same grader, ~6 s a run) the two that need no
+# every hack on the local backend; on Docker (the same grader, ~6 s a run) one that needs no
 # in-process detection and one that does
 _SWE_CASES = [("local", n) for n in sorted(SOURCE_HACKS)] + [
     pytest.param("docker", n, marks=pytest.mark.docker)
-    for n in ("early_exit_after_forged_summary", "patch_pytest_reports", "skip_every_test")]
+    for n in ("early_exit_after_forged_summary", "patch_pytest_reports")]
 
 
 @pytest.mark.parametrize(("backend", "name"), _SWE_CASES)
@@ -241,9 +241,12 @@ def test_adversarial_pass_runs_an_envs_own_hacks() -> None:
     assert [w[1] for w in wins] == ["magic_word"]
 
 
-def test_cli_env_check_adversarial_on_search(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_env_check_adversarial(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
     from agentrl.cli import main
 
-    assert main(["env", "check", "search", "--adversarial"]) == 0
+    example = Path(__file__).parent.parent / "examples" / "my_env.py"
+    assert main(["env", "check", f"{example}:AddEnv", "--adversarial"]) == 0
     out = capsys.readouterr().out
     assert "PASS  reward hacks score no better than a wrong answer" in out
