@@ -250,3 +250,31 @@ def test_cli_env_check_adversarial(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["env", "check", f"{example}:AddEnv", "--adversarial"]) == 0
     out = capsys.readouterr().out
     assert "PASS  reward hacks score no better than a wrong answer" in out
+
+
+def test_swe_plugin_allows_a_tests_own_monkeypatch_of_builtins(tmp_path: Any) -> None:
+    """No false alarm: a test that monkeypatches builtins (undone at teardown) is not tampering,
+    while repository code that leaves builtins patched is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agentrl.envs.swe import grade
+
+    (tmp_path / ".agentrl" / "plugin").mkdir(parents=True)
+    (tmp_path / ".agentrl" / "plugin" / "agentrl_grade_plugin.py").write_text(grade.PLUGIN_SOURCE)
+    (tmp_path / "mod.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "test_a.py").write_text(
+        "import builtins\nimport mod\n\ndef test_mp(monkeypatch):\n"
+        "    monkeypatch.setattr(builtins, 'input', lambda *a: 'y')\n    assert input() == 'y' and mod.f() == 1\n")
+
+    def run() -> tuple[dict[str, str] | None, str]:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "agentrl_grade_plugin",
+                            "test_a.py"], cwd=tmp_path, input="n0nce\n", capture_output=True, text=True, timeout=60,
+                           env={"PYTHONPATH": str(tmp_path / ".agentrl" / "plugin"), "PATH": "/usr/bin:/bin"})
+        return grade.plugin_results(r.stdout, "n0nce")
+
+    assert run() == ({"test_a.py::test_mp": "PASSED"}, "")
+    Path(tmp_path / "mod.py").write_text("import builtins\nbuiltins.len = lambda x: 0\ndef f():\n    return 1\n")
+    statuses, why = run()
+    assert statuses is None and "builtins.len was changed" in why

@@ -9,7 +9,7 @@ impossible; it makes the known hacks fail instead of pass:
   early (any status) and there is no line; print a forged pytest summary and it is ignored;
   print a second line with the nonce and the host rejects the run;
 - a test passes only if its setup, call and teardown all passed (a skip is not a pass);
-- tampering marks the run: `builtins` changed (checked after every test), pytest's runner,
+- tampering marks the run: `builtins` changed (checked after every test's teardown), pytest's runner,
   reports, outcomes, assertion and collection modules changed (checked at the end), a plugin
   hook added by anything but the repository's own conftest files, or a class from the
   repository's non-test code whose `__eq__` says it equals an arbitrary object.
@@ -148,8 +148,8 @@ _SNAPSHOT.update(_guarded())
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    yield
+def pytest_runtest_teardown(item, nextitem):
+    yield  # after the fixtures' finalizers: a test's own monkeypatch of builtins is undone by now
     _check_builtins()
     _check_eq()
 
