@@ -271,6 +271,7 @@ async def _train(plan: RunPlan) -> int:
 
 async def _run(plan: RunPlan, progress: _Progress) -> int:
     from agentrl.inference import make_engine
+    from agentrl.laminar.cluster import loop_runtime
     from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
@@ -342,10 +343,12 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         progress.bar.update(progress.task, completed=start_step)
     writers = _Writers(run_dir, cfg)
     last_saved = -1
+    laminar_state: dict[str, Any] = {"state": extra.get("laminar")}  # prompt/buffer cursors to resume from
 
     def checkpoint(step_done: int) -> None:
         nonlocal last_saved
-        path = save_checkpoint(ckpt_dir, learner, extra={"step": step_done, "warm_start_done": stages.warm_done})
+        path = save_checkpoint(ckpt_dir, learner, extra={"step": step_done, "warm_start_done": stages.warm_done,
+                                                         "laminar": laminar_state.get("state")})
         for old in ckpt_dir.glob("step_*.pt"):  # one checkpoint is enough to resume
             if old != path:
                 old.unlink(missing_ok=True)
@@ -356,6 +359,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         step_done = start_step + rec["step"] + 1
         rec = {**rec, "step": start_step + rec["step"]}
         groups = rec.pop("batch", [])  # the Group objects the learner consumed
+        laminar_state["state"] = rec.pop("resume_state", None)
         line = step_metrics(rec, groups, pool.metrics())
         status.stage = "evaluating" if cfg.eval.enabled else status.stage
         line.update(await stages.after_step(step_done, cfg.trainer.steps))  # held-out eval when due
@@ -363,7 +367,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         progress.update(line)
         status.stage = "rollout"
         if step_done % cfg.trainer.checkpoint_every == 0 or step_done == cfg.trainer.steps or stop.is_set():
-            checkpoint(step_done)
+            await asyncio.to_thread(checkpoint, step_done)  # torch.save off the event loop
         if stop.is_set():
             raise StopTraining
 
@@ -373,8 +377,9 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         status.stage = "evaluating" if cfg.eval.enabled else "warm start"
         await stages.before_rl(lambda _: checkpoint(start_step))  # base eval, warm start, eval after it
         status.stage = "rollout"
-        summary = await run_training_async(cfg_run, env_factory, tasks, _StagedLearner(learner), engines,
-                                           on_step=on_step)
+        async with loop_runtime(cfg, run_dir.name, env_factory, make_env) as (runtime, loop_env_factory):
+            summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,
+                                               on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"))
         status.stage = "done"
         summary.update(await stages.finish(cfg.trainer.steps))
         (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
@@ -415,6 +420,10 @@ async def _start_engines(cfg: Config, make_engine: Any) -> list[Any]:
             async with httpx.AsyncClient(timeout=10.0) as client:
                 (await client.get(f"{cfg.engine.base_url.rstrip('/')}/models",
                                   headers={"Authorization": f"Bearer {cfg.engine.api_key}"})).raise_for_status()
+        if cfg.laminar.ray_address is not None:  # each worker actor builds its own engine
+            from agentrl.laminar.cluster import RemoteEngine
+
+            return [RemoteEngine(cfg) for _ in range(cfg.laminar.num_workers)]
         return [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
     except (ImportError, OSError, RuntimeError, ValueError) as e:
         raise UserError(f"the {kind} engine cannot start: {type(e).__name__}: {e}", fix=_ENGINE_FIX[kind]) from e

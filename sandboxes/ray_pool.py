@@ -149,15 +149,35 @@ class RaySandbox:
             await self.actor.release.remote(self.lease_id)
 
 
-def ray_pool_class() -> Any:
+class NodePoolClient:
+    """The pool interface an env uses (`get` / `put`) over a node's `RaySandboxPool` actor."""
+
+    def __init__(self, actor: Any, node: str = "") -> None:
+        self.actor = actor
+        self.node = node
+        self.leases = 0  # sandboxes this process borrowed from the node's pool
+
+    async def get(self, timeout: float | None = None) -> RaySandbox:
+        sandbox = await acquire(self.actor, timeout)
+        self.leases += 1
+        return sandbox
+
+    async def put(self, sandbox: RaySandbox) -> None:
+        await sandbox.close()
+
+    def metrics(self) -> dict[str, Any]:
+        return {"node": self.node, "leases": self.leases}
+
+
+def ray_pool_class(num_cpus: float = 0) -> Any:
     """The `RaySandboxPool` actor class (async actor: many leases served concurrently)."""
     import ray
 
-    return ray.remote(num_cpus=0)(SandboxPoolActor)
+    return ray.remote(num_cpus=num_cpus)(SandboxPoolActor)
 
 
 def start_node_pools(cfg: Any, run_id: str | None = None, size: int | None = None,
-                     nodes: list[str] | None = None) -> dict[str, Any]:
+                     nodes: list[str] | None = None, num_cpus: float = 0) -> dict[str, Any]:
     """One started `RaySandboxPool` actor per alive node (or per node id in `nodes`), pinned there
     and named `agentrl-sandbox-pool-<node id>` so any process can find it with `ray.get_actor`."""
     import ray
@@ -167,7 +187,7 @@ def start_node_pools(cfg: Any, run_id: str | None = None, size: int | None = Non
     node_ids = nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     if not node_ids:
         raise SandboxError("no alive Ray nodes to place sandbox pools on")
-    actor_cls = ray_pool_class()
+    actor_cls = ray_pool_class(num_cpus)
     actors = {
         node: actor_cls.options(name=f"{ACTOR_PREFIX}-{node}", get_if_exists=True,
                                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))

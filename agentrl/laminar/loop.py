@@ -30,7 +30,7 @@ from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
 from agentrl.laminar.prompts import PromptPool
 from agentrl.laminar.relay import Relay, RelayChain
-from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Runtime, gather_alive
+from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resources, Runtime, gather_alive
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
 from agentrl.types import Group, Task
@@ -75,10 +75,16 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     partial = rt.spawn(PartialResponsePool, name="partial")
     if resume_state is not None:  # before any worker takes a prompt
         await prompts.load_state_dict(resume_state["prompts"])
-        await buffer.load_state_dict(resume_state["buffer"])
-    n_relays = max(1, min(lam.num_relays, len(engines)))
-    relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
-                       name=f"relay{i}") for i in range(n_relays)]
+        # groups that were half generated belong to workers that are gone: their prompts are skipped
+        await buffer.load_state_dict({**resume_state["buffer"], "pending": {}})
+    nodes: list[str] = rt.nodes() if rt.kind == "ray" else []  # type: ignore[attr-defined]
+    if nodes:  # one relay per node, pinned there; workers fetch from their own node's
+        relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
+                           name=f"relay{i}", resources=Resources(node=node)) for i, node in enumerate(nodes)]
+    else:
+        n_relays = max(1, min(lam.num_relays, len(engines)))
+        relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
+                           name=f"relay{i}") for i in range(n_relays)]
     chain = RelayChain(relays)
     await chain.build()
 
@@ -91,13 +97,17 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                       "trajectory_timeout_s": cfg.rollout.trajectory_timeout_s,
                       "max_context_tokens": cfg.rollout.max_context_tokens}
     workers = {}
+    worker_res = Resources(num_cpus=lam.worker_num_cpus, num_gpus=lam.worker_num_gpus)
     for i, engine in enumerate(engines):
         name = f"worker{i}"
         workers[name] = rt.spawn(
-            RolloutWorker, name, engine, env_factory, relay=relays[i % n_relays], prompts=prompts,
+            RolloutWorker, name, engine, env_factory, relay=relays[i % len(relays)], prompts=prompts,
             buffer=buffer, partial=partial, sampling=sampling, rollout_kwargs=rollout_kwargs,
             groups_per_batch=per_worker, kv_capacity_tokens=cfg.rollout.concurrency * cfg.rollout.max_context_tokens,
-            fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name)
+            fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name, resources=worker_res)
+    if nodes:  # Ray placed each worker by its resources: point it at its node's relay
+        where = await asyncio.gather(*(w.node() for w in workers.values()))
+        await asyncio.gather(*(w.set_relay(relays[nodes.index(n)]) for w, n in zip(workers.values(), where)))
     await asyncio.gather(*(w.start() for w in workers.values()))
     manager = rt.spawn(RolloutManager, workers, buffer=buffer, prompts=prompts, partial=partial,
                        max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
@@ -278,16 +288,30 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
                              engines: list[Any], on_step: StepCallback | None = None,
                              runtime: Runtime | None = None,
                              resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
-    if runtime is None and cfg.laminar.ray_address is not None:  # e.g. "auto" on a cluster
-        runtime = RayRuntime(address=cfg.laminar.ray_address, num_cpus=None)
-    system = await build_system(cfg, env_factory, tasks, engines, runtime, resume_state=resume_state)
-    run_status.watch(system)  # the progress display polls the in-flight trajectories (agentrl/progress.py)
+    own = runtime is None and cfg.laminar.ray_address is not None
+    if own:  # "local": a cluster of this machine; "auto" or an address: a running cluster
+        runtime = ray_runtime(cfg)
     try:
-        return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step,
-                           wait_timeout_s=cfg.laminar.wait_timeout_s, dynamic_sampling=cfg.trainer.dynamic_sampling,
-                           max_gen_batches=cfg.trainer.max_gen_batches)
+        system = await build_system(cfg, env_factory, tasks, engines, runtime, resume_state=resume_state)
+        run_status.watch(system)  # the progress display polls the in-flight trajectories (agentrl/progress.py)
+        try:
+            return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step,
+                               wait_timeout_s=cfg.laminar.wait_timeout_s,
+                               dynamic_sampling=cfg.trainer.dynamic_sampling,
+                               max_gen_batches=cfg.trainer.max_gen_batches)
+        finally:
+            await shutdown(system)
     finally:
-        await shutdown(system)
+        if own:
+            runtime.close()  # type: ignore[union-attr]
+
+
+def ray_runtime(cfg: Config) -> RayRuntime:
+    """The Ray runtime `laminar.ray_address` names (an existing one if Ray is already up)."""
+    from agentrl.laminar.cluster import local_cluster_cpus
+
+    address = cfg.laminar.ray_address
+    return RayRuntime(address=address, num_cpus=local_cluster_cpus(cfg) if address == "local" else None)
 
 
 def run_training(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -28,13 +29,35 @@ class Handle(Protocol):
     def __getattr__(self, method: str) -> Callable[..., Any]: ...
 
 
-class LocalHandle:
-    """A component living in this process and event loop."""
+_LOCAL: dict[int, LocalHandle] = {}  # handles pickled by reference, as Ray pickles actor handles
 
-    def __init__(self, obj: Any, name: str) -> None:
+
+def _local_handle(key: int) -> LocalHandle:
+    return _LOCAL[key]
+
+
+def ray_round_trip(value: Any) -> Any:
+    """What a Ray actor receives for `value`: a cloudpickle round trip (handles by reference).
+    Raises what Ray would raise for an object that cannot cross a process boundary."""
+    import cloudpickle
+
+    return cloudpickle.loads(cloudpickle.dumps(value))
+
+
+class LocalHandle:
+    """A component living in this process and event loop. With `serialize`, arguments and
+    answers cross it the way they cross a Ray actor boundary (cloudpickle), so a local run
+    cannot hide a driver-local object that Ray would refuse or silently copy."""
+
+    def __init__(self, obj: Any, name: str, serialize: bool = False) -> None:
         self._obj = obj
         self.name = name
         self.dead = False
+        self.serialize = serialize
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _LOCAL[id(self)] = self
+        return (_local_handle, (id(self),))
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("__"):
@@ -44,12 +67,14 @@ class LocalHandle:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.dead:
                 raise ActorDied(f"{self.name} is dead")
+            if self.serialize:
+                args, kwargs = ray_round_trip((args, kwargs))
             out = fn(*args, **kwargs)
             if inspect.isawaitable(out):
                 out = await out
             if self.dead:  # died while the call ran: the caller must not trust the answer
                 raise ActorDied(f"{self.name} died during {method}")
-            return out
+            return ray_round_trip(out) if self.serialize else out
 
         return call
 
@@ -92,10 +117,21 @@ class RayHandle:
         return f"RayHandle({self.name})"
 
 
+@dataclass(frozen=True)
+class Resources:
+    """What an actor reserves on Ray (ignored locally): CPUs, GPUs, custom resources, and a
+    node id to pin it to."""
+
+    num_cpus: float = 0.01
+    num_gpus: float = 0.0
+    custom: dict[str, float] = field(default_factory=dict)
+    node: str | None = None
+
+
 class Runtime(Protocol):
     kind: str
 
-    def spawn(self, cls: type, *args: Any, name: str, **kwargs: Any) -> Any: ...
+    def spawn(self, cls: type, *args: Any, name: str, resources: Resources | None = None, **kwargs: Any) -> Any: ...
 
     async def kill(self, handle: Any) -> None: ...
 
@@ -107,11 +143,17 @@ class LocalRuntime:
 
     kind = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, serialize: bool = False) -> None:
+        """`serialize`: constructor arguments and every call cross a cloudpickle round trip,
+        as on Ray (objects that hold locks, threads or open sandboxes fail here, not on a cluster)."""
         self.handles: list[LocalHandle] = []
+        self.serialize = serialize
 
-    def spawn(self, cls: type, *args: Any, name: str, **kwargs: Any) -> LocalHandle:
-        handle = LocalHandle(cls(*args, **kwargs), name)
+    def spawn(self, cls: type, *args: Any, name: str, resources: Resources | None = None,
+              **kwargs: Any) -> LocalHandle:
+        if self.serialize:
+            args, kwargs = ray_round_trip((args, kwargs))
+        handle = LocalHandle(cls(*args, **kwargs), name, serialize=self.serialize)
         self.handles.append(handle)
         return handle
 
@@ -139,22 +181,44 @@ class RayRuntime:
                  runtime_env: dict[str, Any] | None = None) -> None:
         import ray
 
-        if not ray.is_initialized():
-            if address is not None:
+        self.started_ray = not ray.is_initialized()  # then `close()` ends the cluster it started
+        if self.started_ray:
+            if address not in (None, "local"):  # join a running cluster ("auto", "ray://...")
                 ray.init(address=address, runtime_env=runtime_env)
-            else:
+            else:  # a cluster of this machine alone, for this process
                 ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env)
         self.handles: list[RayHandle] = []
 
-    def spawn(self, cls: type, *args: Any, name: str, num_cpus: float = 0.01,
+    def close(self) -> None:
+        """After `shutdown`: end the Ray cluster if this runtime started it (`--ray local`)."""
+        import ray
+
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def spawn(self, cls: type, *args: Any, name: str, resources: Resources | None = None,
               **kwargs: Any) -> RayHandle:
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=num_cpus, max_concurrency=1000,
-                                        max_restarts=0).remote(*args, **kwargs)
+        res = resources or Resources()
+        options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_concurrency": 1000,
+                                   "max_restarts": 0}
+        if res.custom:
+            options["resources"] = dict(res.custom)
+        if res.node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(res.node, soft=False)
+        actor = ray.remote(cls).options(**options).remote(*args, **kwargs)
         handle = RayHandle(actor, name)
         self.handles.append(handle)
         return handle
+
+    def nodes(self) -> list[str]:
+        """The ids of the alive nodes."""
+        import ray
+
+        return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
     async def kill(self, handle: RayHandle) -> None:
         import ray

@@ -166,12 +166,22 @@ class RolloutWorker:
             await loop()
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # any failure ends the worker
+        except Exception as e:  # any failure ends the worker
             self.failure = f"{loop.__name__}: {type(e).__name__}: {e}"
             self.stats["errors"].append(self.failure)
             for t in self._tasks:
                 if t is not asyncio.current_task():
                     t.cancel()
+
+    async def node(self) -> str:
+        """The Ray node this worker runs on ("local" outside Ray)."""
+        from agentrl.laminar.cluster import current_node
+
+        return current_node()
+
+    async def set_relay(self, relay: Any) -> None:
+        """Before `start`: fetch weights from this relay (the one on this worker's node)."""
+        self.relay = relay
 
     async def stop(self) -> None:
         for t in self._tasks:
