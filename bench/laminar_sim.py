@@ -19,7 +19,10 @@ source:
   launch and TP all-reduce latency. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights,
   divided by the model's KV bytes per token. Admission is FCFS while the KV fits (vLLM's 1%
   watermark); when the KV fills, the newest sequence is preempted and later re-prefilled.
-- prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound.
+- prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound;
+  it stalls decoding except for the compute a memory-bound decode step leaves idle (chunked
+  prefill), so a re-prefill onto a lightly loaded repack destination is nearly free, and the
+  re-prefill of every sequence after a partial-rollout interruption is not.
 - training: 8·P FLOPs per token (forward + backward, plus the old-log-prob forward), 16
   optimizer steps per iteration, each paying the gradient all-reduce across data-parallel
   groups over the 400 Gb/s NICs.
@@ -108,6 +111,7 @@ class Params:
     len_sigma: float = _p(0.99, "paper Fig. 2: p99 length = 10× median -> σ = ln10 / 2.326")
     len_median: float = _p(2600.0, "fitted: median response length that reproduces Table 1's avg/max "
                            "trajectory latency ratio 290/828 (Fig. 17 is not in the parsed text)")
+    max_num_seqs: int = _p(256, "vLLM default max_num_seqs: sequences decoded together per replica")
     concurrency: int = _p(1024, "paper App. A.2: max 1024 trajectories per replica (AReaL, Laminar)")
     c_max: float = _p(0.99, "paper §5.2: C_max above 99% of the KV cache")
     repack_interval_s: float = _p(5.0, "paper §5.1: periodic check every 5 s")
@@ -361,7 +365,9 @@ class Replica:
         limit = self.cap * (1 - self.sim.p.kv_watermark)
         kv = self.kv()
         prefill = 0.0
-        conc = self.sim.p.concurrency
+        conc = self.sim.p.max_num_seqs
+        busy = len(self.running)
+        free = max(0.0, 1.0 - busy * self._per_seq / self.step_time()) if busy else 0.0
         while self.waiting and len(self.running) < conc:
             s = self.waiting[0]
             ctx = self._ctx(s)
@@ -375,8 +381,8 @@ class Replica:
             self.s_base += ctx - self.progress
             kv += ctx
             heapq.heappush(self.heap, (self.progress + (s.length - s.done), id(s), s.adm, s))
-        if prefill:
-            self.stall(prefill * self._prefill)
+        if prefill:  # chunked prefill rides on the compute a memory-bound decode leaves idle
+            self.stall(prefill * self._prefill * (1.0 - free))
             self.prefill_tokens += prefill
         self.c_peak = max(self.c_peak, kv / self.cap)
 
@@ -511,7 +517,11 @@ class System:
         p, m = self.p, self.model
         shard = m.weight_bytes / self.tp()
         k = max(1, int(shard // p.nccl_chunk_bytes))
-        return broadcast_time(len(self.replicas) + 1, k, shard, 1 / p.nic_bps, p.nccl_start_s) + p.engine_reload_s
+        # the trainer first all-gathers each FSDP-sharded tensor (NVLink inside a machine, NICs across)
+        gather_bps = p.nvlink_bps if m.fsdp <= p.gpus_per_node else p.nic_bps
+        gather = m.weight_bytes * (m.fsdp - 1) / m.fsdp / gather_bps
+        return gather + broadcast_time(len(self.replicas) + 1, k, shard, 1 / p.nic_bps, p.nccl_start_s) \
+            + p.engine_reload_s
 
     # -- experience -------------------------------------------------------------------------
 
@@ -590,6 +600,8 @@ class Batched(System):
 
     def start(self) -> None:
         self.started = 0
+        self.gen_s: list[float] = []  # generation time of each batch
+        self.gen_began = 0.0
         self.in_flight = 0
         self.loaded = 0  # version on the rollouts
         self.trained_mb = 0  # mini-batches of the current iteration trained
@@ -611,6 +623,7 @@ class Batched(System):
             self.clock.at(self.clock.now + cost, self._synced)
             return
         self.started += 1
+        self.gen_began = self.clock.now
         self.in_flight = self.p.batch
         groups = [self.new_group(self.loaded) for _ in range(self.p.prompts)]
         for i, r in enumerate(self.replicas):
@@ -626,9 +639,16 @@ class Batched(System):
     def sync_cost(self) -> float:
         return self.nccl_sync_s()
 
+    def simulate(self) -> dict[str, Any]:
+        out = super().simulate()
+        gen = self.gen_s[self.p.warmup:] or self.gen_s
+        out["gen_share"] = sum(gen) / len(gen) / out["iteration_s"]
+        return out
+
     def on_finished(self, s: Seq, r: Replica) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
+            self.gen_s.append(self.clock.now - self.gen_began)
             self.next_gen()
         self.maybe_train()
 
@@ -791,7 +811,8 @@ class Laminar(Continuous):
         return self.model.weight_bytes / self.p.relay_bps
 
     def pull_s(self) -> float:
-        return self.model.weight_bytes / self.tp() / self.p.pcie_bps
+        """PCIe load of the local relay's copy, then the same engine reload as any sync."""
+        return self.model.weight_bytes / self.tp() / self.p.pcie_bps + self.p.engine_reload_s
 
     def local_version(self) -> int:
         return max(v for t, v in self.relay_at if t <= self.clock.now + 1e-9)
@@ -861,10 +882,10 @@ class Laminar(Continuous):
                 moved = s.take_all()
                 if not moved:
                     continue
-                before = d.prefill_tokens
                 d.stall(self.p.rpc_s)
+                before = d.stall_until
                 d.add(moved, front=True)
-                self.move_costs.append(self.p.rpc_s + (d.prefill_tokens - before) * d._prefill)
+                self.move_costs.append(self.p.rpc_s + d.stall_until - before)  # what the destination lost
                 self.trajs_per_move.append(len(moved))
                 self.repacked.update(x.id for x in moved)
                 self.counters["repack_moves"] += 1
@@ -897,6 +918,7 @@ class April(Batched):
 
     def start(self) -> None:
         self.parked: list[Seq] = []
+        self.gen_s = []
         self.group_left: Counter[str] = Counter()
         self.done_groups = 0
         self.generating = False
@@ -904,6 +926,7 @@ class April(Batched):
 
     def gen_round(self) -> None:
         self.generating = True
+        self.gen_began = self.clock.now
         self.done_groups = 0
         want = int(self.p.prompts * self.overprovision) - len({s.group for s in self.parked})
         seqs = self.parked
@@ -925,6 +948,7 @@ class April(Batched):
             self.done_groups += 1
         if self.generating and self.done_groups >= self.p.prompts:
             self.generating = False
+            self.gen_s.append(self.clock.now - self.gen_began)
             for rr in self.replicas:
                 self.parked += rr.take_all()
             tokens, _ = self.sample(self.p.prompts)
@@ -1032,6 +1056,8 @@ def calibrate(p: Params, jobs: int = 1,
 
     lam = {m: efficiency("laminar", m) for m in grid}
     are = {m: efficiency("areal", m) for m in grid}
+    share = [grid[m][g]["verl"]["gen_share"] for m in grid for g in grid[m]]
+    rows.append(Row("verl: generation share of the iteration (up to; Fig. 1b)", 0.831, max(share)))
     rows.append(Row("strong-scaling efficiency, laminar (avg of models)", 0.537, sum(lam.values()) / 3))
     rows.append(Row("strong-scaling efficiency, laminar 32B", 0.682, lam["32B"]))
     rows.append(Row("strong-scaling efficiency, AReaL (avg of models)", 0.336, sum(are.values()) / 3))
@@ -1056,12 +1082,12 @@ def calibrate(p: Params, jobs: int = 1,
     bc = optimal_broadcast_time(128, MODELS["72B"].weight_bytes, 1 / p.relay_bps, p.rdma_start_s)
     rows.append(Row("relay broadcast 72B to 127 relays (s, paper: < 1.6)", 1.6, bc))
     # §8.3 Fig. 14: rollout wait, relay (PCIe from local relay) vs NCCL global sync
-    best = [(Laminar(p, m, g).pull_s(), OneStep(p, m, g).nccl_sync_s()) for m in grid for g in grid[m]]
+    best = [(Laminar(p, m, g).pull_s(), Laminar(p, m, g).nccl_sync_s()) for m in grid for g in grid[m]]
     rows.append(Row("rollout wait, best-case reduction vs NCCL (up to)", 0.47, max(1 - a / b for a, b in best)))
     avg_red = []
     for m in grid:
         for g in grid[m]:
-            a, b = grid[m][g]["laminar"]["rollout_wait_s"], OneStep(p, m, g).nccl_sync_s()
+            a, b = grid[m][g]["laminar"]["rollout_wait_s"], Laminar(p, m, g).nccl_sync_s()
             avg_red.append(1 - a / b)
     rows.append(Row("rollout wait, average reduction vs NCCL (up to)", 0.37, max(avg_red)))
     stale = max(grid[m][g]["laminar"]["staleness_max"] for m in grid for g in grid[m])
