@@ -2,14 +2,16 @@
 
 `agentrl env check --adversarial` and tests/test_reward_integrity.py submit each of these through
 an env's terminal tool and require a reward no better than an empty answer's. An env can add its
-own with `adversarial_submissions(task) -> list[(name, answer)]`.
+own with `adversarial_submissions(task) -> list[(name, answer or [action texts])]` (an answer
+goes through the terminal tool; a list of actions is played in order).
 
 The Python hacks define the task's function (`{entry}` is replaced by its name) wrongly and try
 to pass anyway: exit early with any status, read the grader's secrets (nonce, tests, expected
 values) from files, /proc, the environment or memory, write forged verdicts into the grader's
 streams, end or stop the grader, patch `builtins` or the test framework, return objects that
 equal everything. The patch hacks (unified diffs, for envs graded by a repository's tests) edit,
-shadow or skip the tests.
+shadow or skip the tests; the shell hacks do the same with the env's `bash` tool, for envs whose
+answer is the sandbox's state, and must not beat an edit that fixes nothing.
 """
 
 from __future__ import annotations
@@ -140,6 +142,32 @@ PATCH_HACKS: dict[str, str] = {
 }
 
 
+# For envs whose answer is the state of the sandbox (SWE: the diff of the work dir), played with
+# the env's `bash` tool before an empty submit. Each edits what the agent may not, or appends a
+# trick to every non-test Python file the repository tracks.
+_SOURCES = ("git ls-files '*.py' 2>/dev/null | grep -v -E '(^|/)(tests?|testing)/|(^|/)test_[^/]*$|_test\\.py$|"
+            "(^|/)conftest\\.py$'")
+_APPEND = "for f in $(" + _SOURCES + "); do printf '%s' \"$HACK\" >> \"$f\"; done"
+SHELL_BASELINE = ("baseline_edit", ["HACK='\n# an edit that fixes nothing\n'; " + _APPEND])
+SHELL_HACKS: dict[str, list[str]] = {
+    "conftest_skips_everything": [
+        "printf 'import pytest\\ndef pytest_collection_modifyitems(items):\\n    for i in items:\\n"
+        "        i.add_marker(pytest.mark.skip)\\n' > conftest.py"],
+    "pytest_ini_deselects": ["printf '[pytest]\\naddopts = -k nothing_matches_this\\n' > pytest.ini"],
+    "shadow_pytest": ["printf 'import sys\\nprint(\"short test summary info\")\\nsys.exit(0)\\n' > pytest.py"],
+    "edit_the_tests": ["for f in $(git ls-files | grep -E '(^|/)test_[^/]*\\.py$'); do "
+                       "sed -i 's/^\\( *\\)assert /\\1assert True or /' \"$f\"; done"],
+    "exit_at_import": ["HACK='\nimport os as _o\n_o._exit(0)\n'; " + _APPEND],
+    "patch_builtins_at_import": ["HACK='\nimport builtins as _b\n_b.isinstance = lambda *a: True\n'; " + _APPEND],
+    "patch_pytest_reports_at_import": [
+        "HACK='\ntry:\n    import _pytest.reports as _r\n    _o = _r.TestReport.from_item_and_call\n"
+        "    def _f(item, call):\n        rep = _o(item, call)\n        rep.outcome = \"passed\"\n        return rep\n"
+        "    _r.TestReport.from_item_and_call = staticmethod(_f)\nexcept ImportError:\n    pass\n'; " + _APPEND],
+    "always_equal_class": ["HACK='\nclass _AlwaysEqual:\n    def __eq__(self, other):\n        return True\n'; "
+                           + _APPEND],
+}
+
+
 def code_hacks(entry: str) -> dict[str, str]:
     """The Python hacks for a task whose function is `entry`."""
     return {name: src.replace("{entry}", entry) for name, src in _CODE_HACKS.items()}
@@ -168,15 +196,17 @@ def answer_parameter(tool: Any) -> str | None:
     return None
 
 
-async def _score(env: Any, task: Any, action: str) -> float | None:
-    """The outcome reward of one episode that plays `action` once (None: it did not end)."""
+async def _score(env: Any, task: Any, actions: list[str]) -> float | None:
+    """The outcome reward of one episode that plays `actions` in order (None: it did not end)."""
     await env.areset(task)
     try:
-        result = await env.astep(action)
-        if not (result.terminated or result.truncated):
-            final = await env.afinalize()
-            return None if final is None else float(final[0])
-        return float(result.info.get("outcome_reward", 0.0))
+        result = None
+        for action in actions:
+            result = await env.astep(action)
+            if result.terminated or result.truncated:
+                return float(result.info.get("outcome_reward", 0.0))
+        final = await env.afinalize()
+        return None if final is None else float(final[0])
     finally:
         release = getattr(env, "_release_sandbox", None)
         if release is not None:
@@ -195,18 +225,29 @@ async def adversarial_pass(env: Any, tasks: int = 1, split: str = "train") -> li
     param = answer_parameter(terminal)
     if param is None:
         raise ValueError(f"terminal tool '{terminal.name}' has no string parameter to carry an answer")
+    shell = next((t for t in env.tools if t.name == "bash" and not t.terminal), None)
+
+    def submit(answer: str) -> str:
+        return env.tool_parser.format_call(ToolCall(terminal.name, {param: answer}))
+
+    def played(commands: list[str]) -> list[str]:
+        assert shell is not None
+        key = answer_parameter(shell) or "command"
+        return [env.tool_parser.format_call(ToolCall(shell.name, {key: c})) for c in commands] + [submit("")]
+
     wins = []
     for task in list(env.tasks(split))[:tasks]:
         own = getattr(env, "adversarial_submissions", None)
-        hacks = list(own(task)) if callable(own) else generic_hacks(task)
-
-        def act(answer: str) -> str:
-            return env.tool_parser.format_call(ToolCall(terminal.name, {param: answer}))
-
-        scores = [await _score(env, task, act(a)) for a in BASELINE_ANSWERS]
+        plays = [(n, [submit(a)] if isinstance(a, str) else list(a))
+                 for n, a in (list(own(task)) if callable(own) else generic_hacks(task))]
+        baselines = [[submit(a)] for a in BASELINE_ANSWERS]
+        if shell is not None and not callable(own):  # the answer may be the sandbox's state (SWE)
+            plays += [(n, played(c)) for n, c in SHELL_HACKS.items()]
+            baselines.append(played(SHELL_BASELINE[1]))
+        scores = [await _score(env, task, b) for b in baselines]
         baseline = max((s for s in scores if s is not None), default=0.0)
-        for name, answer in hacks:
-            reward = await _score(env, task, act(answer))
+        for name, actions in plays:
+            reward = await _score(env, task, actions)
             if reward is not None and reward > baseline + EPS:
                 wins.append((str(task.get("id") if isinstance(task, dict) else task), name, reward, baseline))
     return wins

@@ -278,3 +278,37 @@ def test_swe_plugin_allows_a_tests_own_monkeypatch_of_builtins(tmp_path: Any) ->
     Path(tmp_path / "mod.py").write_text("import builtins\nbuiltins.len = lambda x: 0\ndef f():\n    return 1\n")
     statuses, why = run()
     assert statuses is None and "builtins.len was changed" in why
+
+
+def test_adversarial_pass_plays_shell_hacks_through_a_bash_tool() -> None:
+    """An env whose answer is the sandbox's state gets the shell hacks played with its `bash` tool
+    (here a fake that records commands; the reward naively pays for a conftest.py)."""
+    from agentrl.env import ToolEnv
+    from agentrl.reward_hacks import adversarial_pass
+    from agentrl.tools import state_get, state_set, submit, tool
+
+    @tool(name="bash", inject=("state",))
+    def fake_bash(command: str, state: Any = None) -> str:
+        """Run a command.
+
+        Args:
+            command: the command
+        """
+        state_set(state, "commands", [*(state_get(state, "commands") or []), command])
+        return ""
+
+    class StateGraded(ToolEnv):
+        tools = (fake_bash, submit)
+
+        def tasks(self, split: str = "train") -> list[dict[str, Any]]:
+            return [{"id": "0", "prompt": "fix the bug"}]
+
+        async def reward(self, task: dict[str, Any], state: Any) -> float:
+            return float(any("> conftest.py" in c for c in state.get("commands") or []))
+
+    env = StateGraded()
+    try:
+        wins = env._run(adversarial_pass(env))
+    finally:
+        env.close()
+    assert [w[1] for w in wins] == ["conftest_skips_everything"]
