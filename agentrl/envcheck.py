@@ -287,7 +287,7 @@ class _Checker:
         return f"{len(picks)} demonstration(s) of train tasks reached the best reward"
 
     def adversarial(self) -> str:
-        from agentrl.reward_hacks import adversarial_pass, generic_hacks
+        from agentrl.reward_hacks import SHELL_HACKS, adversarial_pass, generic_hacks
 
         inner = _tool_env(self.env)
         if inner is None:
@@ -295,8 +295,11 @@ class _Checker:
         wins = self.env._run(adversarial_pass(inner))
         assert not wins, "reward hacks scored above an empty/wrong answer:\n" + "\n".join(
             f"  task {t}: {name} got {r:g} (baseline {b:g})" for t, name, r, b in wins)
-        own = callable(getattr(inner, "adversarial_submissions", None))
-        return f"{'the env' if own else 'generic'} hacks ({'its own' if own else len(generic_hacks())}) scored no better"
+        if callable(getattr(inner, "adversarial_submissions", None)):
+            return "the env's own hacks scored no better"
+        shell = any(t.name == "bash" for t in inner.tools)
+        count = len(generic_hacks()) + (len(SHELL_HACKS) if shell else 0)
+        return f"{count} generic hacks{' (shell hacks through bash included)' if shell else ''} scored no better"
 
 
 class _Skip(Exception):
