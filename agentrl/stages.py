@@ -14,6 +14,7 @@ metrics.jsonl line (heldout_*), and every record into summary.json.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ class Stages:
     warm_data: list[Trajectory] = field(default_factory=list)
     warm_rows: list[dict[str, Any]] = field(default_factory=list)
     eval_engine: Any = None
+    collect_s: float = 0.0  # playing the demonstrations / reading the data file
+    warm_task_ids: list[str] = field(default_factory=list)
     sft_file: str = "warm_start.jsonl"  # `agentrl sft` runs write their SFT lines to metrics.jsonl
 
     @classmethod
@@ -74,7 +77,10 @@ class Stages:
 
             _say(cfg, "warm start: collecting " + (f"trajectories from {cfg.trainer.warm_start.data}"
                                                    if cfg.trainer.warm_start.data else "demonstrations"))
+            t0 = time.perf_counter()
             stages.warm_data = await warm_start_data(cfg, env_factory, train_tasks, stages.tokenizer, heldout_ids)
+            stages.collect_s = time.perf_counter() - t0
+            stages.warm_task_ids = sorted({t.task_id for t in stages.warm_data})
             leaked = heldout_ids & {t.task_id for t in stages.warm_data}
             assert not leaked, f"held-out tasks in the warm-start data: {sorted(leaked)[:3]}"
         return stages
@@ -103,6 +109,10 @@ class Stages:
             n_tok = sum(t.num_policy_tokens for t in self.warm_data)
             _say(self.cfg, f"warm start: {len(self.warm_data)} trajectories, {n_tok} policy tokens, "
                            f"{ws.epochs} epoch(s) at lr {ws.lr:g}")
+            with open(self.run_dir / "sft_sequences.jsonl", "w") as f:  # for comparisons (bench/learning.py)
+                for t in self.warm_data:
+                    for s in t.segments:
+                        f.write(json.dumps({"input_ids": s.token_ids, "completion_mask": s.loss_mask}) + "\n")
             total = ws.epochs * -(-len(self.warm_data) // ws.batch_size)
             with open(self.run_dir / self.sft_file, "a") as f:
                 def write(row: dict[str, Any]) -> None:
@@ -146,9 +156,14 @@ class Stages:
             _say(self.cfg, "held-out success on " + self.cfg.eval.split + ": " + "  →  ".join(
                 f"{p} {r['heldout_success']:.3f} [{r['heldout_ci_low']:.3f}, {r['heldout_ci_high']:.3f}]"
                 for p, r in by_phase.items() if p != "step"))
+            out["heldout_task_ids"] = sorted(self.evaluator.task_ids)
         if self.warm_rows:
-            out["warm_start"] = {"steps": len(self.warm_rows), "final_loss": self.warm_rows[-1]["loss"],
-                                 "wall_s": self.warm_rows[-1]["wall_s"]}
+            tokens = sum(r["num_tokens"] for r in self.warm_rows)
+            train_s = sum(r["sft_step_s"] for r in self.warm_rows)
+            out["warm_start"] = {"steps": len(self.warm_rows), "first_loss": self.warm_rows[0]["loss"],
+                                 "final_loss": self.warm_rows[-1]["loss"], "collect_s": self.collect_s,
+                                 "train_s": train_s, "tokens_per_s": tokens / train_s if train_s else None,
+                                 "task_ids": self.warm_task_ids}
         return out
 
     async def close(self) -> None:

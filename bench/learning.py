@@ -1,6 +1,7 @@
 """Learning on the same budget: agentrl (`laminar` and `sync` backends) against TRL's GRPOTrainer.
 
     .venv/bin/python bench/learning.py [--quick] [--budget-s S] [--systems laminar,sync,trl] [--out DIR]
+    .venv/bin/python bench/learning.py --multi-turn --env search,code,swe [--heldout-n N] [--steps N]
 
 Same task, same model (the embedded SmolLM2-135M-Instruct, fp32), same wall-clock budget on this
 CPU, run one system after the other:
@@ -385,6 +386,11 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--multi-turn" in argv:  # warm start + RL on the multi-turn envs, held-out success (bench/_multiturn.py)
+        from _multiturn import main as multi_turn
+
+        return multi_turn(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="180 s per system and 96-token completions (~10 min in all)")
     ap.add_argument("--budget-s", type=float, default=None, help="wall clock per system (default 600, quick 180)")

@@ -1,0 +1,145 @@
+"""`bench/learning.py --multi-turn --env {search,code,swe}`: does an agent get better at a
+multi-turn tool task? (issue 13)
+
+Per env, one `agentrl train` run on the env's default config (configs/<env>.yaml: warm start on
+demonstrations of the train split, then RL) with held-out evaluation on the test split at base,
+after the warm start and at the end. Prints one JSON line per env:
+
+    env, heldout_base, heldout_warm, heldout_rl (success rates) and their Wilson 95% CIs,
+    rl_gain (heldout_rl − heldout_warm) and rl_gain_ci95 (Newcombe's hybrid score interval for a
+    difference of two proportions; the same tasks are evaluated, so it is conservative),
+    stage wall-clocks (base eval, demonstrations, SFT, RL incl. its evals), SFT tokens/s,
+    sft_tokens_per_s_over_trl (TRL SFTTrainer on the same token sequences under .venv-trl, else
+    null with the reason), train_reward_mean per RL step, the leak check (no held-out task id in
+    the warm-start data) and the load average before and after.
+
+Options: --heldout-n N (held-out tasks), --steps N (RL steps), extra key=value overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, emit, load_average, utc_now
+
+TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return 0.0, 1.0
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def newcombe_diff_ci(p1: float, n1: int, p2: float, n2: int) -> tuple[float, float]:
+    """95% CI of p1 − p2 (Newcombe 1998, method 10: hybrid Wilson score)."""
+    l1, u1 = wilson(p1, n1)
+    l2, u2 = wilson(p2, n2)
+    d = p1 - p2
+    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
+    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    return max(-1.0, lo), min(1.0, hi)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None) -> tuple[float | None, str | None]:
+    """TRL SFTTrainer's tokens/s on the warm start's own token sequences, as agentrl/TRL."""
+    if agentrl_tokens_per_s is None:
+        return None, "no warm start ran"
+    if not TRL_PYTHON.exists():
+        return None, f"{TRL_PYTHON} not found (python3 -m venv .venv-trl && .venv-trl/bin/pip install torch trl)"
+    from agentrl.models import resolve_model
+
+    data = run_dir / "sft_sequences.jsonl"
+    if not data.exists():
+        return None, "the run wrote no sft_sequences.jsonl"
+    out = run_dir / "trl_sft.json"
+    cmd = [str(TRL_PYTHON), str(Path(__file__).resolve().parent / "_trl_sft_runner.py"), "--model",
+           str(resolve_model("smollm2-135m")), "--data", str(data), "--out", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    code = subprocess.run(cmd, env=env, stdout=sys.stderr, timeout=1800).returncode
+    if code != 0 or not out.exists():
+        return None, f"TRL SFT runner exited with code {code}"
+    trl = json.loads(out.read_text())["tokens_per_s"]
+    return agentrl_tokens_per_s / trl if trl else None, None
+
+
+def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], keep: Path | None) -> dict[str, Any]:
+    from agentrl.run import prepare_run, train
+
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-mt-{env}-") as tmp:
+        root = keep or Path(tmp)
+        extra = [f"run.dir={root}", f"run.name={env}", "run.quiet=true", "eval.enabled=true", f"eval.n={heldout_n}",
+                 "trainer.warm_start.enabled=true", *([f"trainer.steps={steps}"] if steps else []), *overrides]
+        plan = prepare_run(env, overrides=extra)
+        t0 = time.perf_counter()
+        code = train(plan)
+        wall = time.perf_counter() - t0
+        run_dir = plan.run_dir
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        evals = {r["phase"]: r for r in _jsonl(run_dir / "eval.jsonl")}
+        metrics = _jsonl(run_dir / "metrics.jsonl")
+        warm = summary.get("warm_start", {})
+        leaked = sorted(set(warm.get("task_ids", [])) & set(summary.get("heldout_task_ids", [])))
+        ratio, why = trl_sft_ratio(run_dir, warm.get("tokens_per_s"))
+
+    def rate(phase: str) -> float | None:
+        return evals[phase]["heldout_success"] if phase in evals else None
+
+    def ci(phase: str) -> list[float] | None:
+        return [evals[phase]["heldout_ci_low"], evals[phase]["heldout_ci_high"]] if phase in evals else None
+
+    gain = gain_ci = None
+    if "final" in evals and "warm_start" in evals:
+        f, w = evals["final"], evals["warm_start"]
+        gain = f["heldout_success"] - w["heldout_success"]
+        gain_ci = list(newcombe_diff_ci(f["heldout_success"], f["heldout_n"], w["heldout_success"], w["heldout_n"]))
+    return {
+        "bench": "learning-multi-turn", "time": utc_now(), "env": env, "exit_code": code,
+        "heldout_split": plan.config.eval.split, "heldout_n": heldout_n,
+        "heldout_base": rate("base"), "heldout_base_ci95": ci("base"),
+        "heldout_warm": rate("warm_start"), "heldout_warm_ci95": ci("warm_start"),
+        "heldout_rl": rate("final"), "heldout_rl_ci95": ci("final"),
+        "rl_gain": gain, "rl_gain_ci95": gain_ci,
+        "heldout_valid_call_rate": {p: r["heldout_valid_call_rate"] for p, r in evals.items()},
+        "wall_s": {"total": wall, "base_eval": evals.get("base", {}).get("eval_s"),
+                   "demonstrations": warm.get("collect_s"), "sft": warm.get("train_s"),
+                   "rl_incl_evals": summary.get("wall_s")},
+        "sft_tokens_per_s": warm.get("tokens_per_s"), "sft_tokens_per_s_over_trl": ratio,
+        **({"sft_tokens_per_s_over_trl_missing": why} if why else {}),
+        "warm_start_loss": [warm.get("first_loss"), warm.get("final_loss")],
+        "train_reward_mean": [m.get("reward_mean") for m in metrics],
+        "leak_check": "ok" if not leaked else f"held-out ids in the warm-start data: {leaked[:5]}",
+        "rl_steps": plan.config.trainer.steps, "load_before": load_before, "load_after": load_average(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="bench/learning.py --multi-turn", description=__doc__.split("\n")[0])
+    ap.add_argument("--multi-turn", action="store_true")
+    ap.add_argument("--env", default="search,code,swe", help="comma-separated envs")
+    ap.add_argument("--heldout-n", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the env config's)")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
+    ap.add_argument("overrides", nargs="*", metavar="key.path=value")
+    args = ap.parse_args(argv)
+    for env in [e.strip() for e in args.env.split(",") if e.strip()]:
+        emit(run_env(env, args.heldout_n, args.steps, args.overrides, args.keep))
+    return 0
