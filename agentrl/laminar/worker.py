@@ -348,4 +348,7 @@ class RolloutWorker:
         return True
 
     async def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, id=self.id, version=self.version, in_flight=len(self._inflight))
+        from agentrl.laminar.cluster import current_node
+
+        return dict(self.stats, id=self.id, version=self.version, in_flight=len(self._inflight),
+                    node=current_node(), relay=getattr(self.relay, "name", None))
