@@ -10,6 +10,7 @@ its predecessor sees the failed call at once, skips it and resends to the next s
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import math
@@ -166,8 +167,11 @@ class Relay:
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._forwarder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
+        # Buffers of superseded versions, newest last. One is reused once it is two versions
+        # old: a worker in this process that fetched it has long copied it into its engine.
+        self._retired: collections.deque[torch.Tensor] = collections.deque(maxlen=2)
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
-                                      "failovers": 0}
+                                      "failovers": 0, "buffers_allocated": 0}
 
     # -- topology ------------------------------------------------------------------------------
 
@@ -179,6 +183,13 @@ class Relay:
         self._ensure_forwarder()
         if self._downstream and self._downstream[0].name != old and self._complete is not None:
             self._enqueue_all(self._complete.version, self._n_chunks(self._complete.nbytes))
+
+    def _buffer(self, size: int) -> torch.Tensor:
+        """A host buffer of `size` bytes: a retired one when it fits, else a new one."""
+        if len(self._retired) == self._retired.maxlen and self._retired[0].numel() == size:
+            return self._retired.popleft()
+        self.stats["buffers_allocated"] += 1
+        return torch.empty(size, dtype=torch.uint8)
 
     async def ping(self) -> str:
         return self.id
@@ -193,7 +204,7 @@ class Relay:
                              f"{self._complete.version}")
         t0 = time.perf_counter()
         specs, size = layout(state_dict)
-        flat = torch.empty(size, dtype=torch.uint8)
+        flat = self._buffer(size)
         await asyncio.to_thread(flatten_into, state_dict, specs, flat)
         copy_s = time.perf_counter() - t0
         n = self._n_chunks(size)
@@ -223,8 +234,7 @@ class Relay:
             return
         inc = self._incoming.get(version)
         if inc is None:
-            inc = self._incoming[version] = _Incoming(
-                version, specs, torch.empty(total, dtype=torch.uint8), n_chunks, self.chunk_bytes)
+            inc = self._incoming[version] = _Incoming(version, specs, self._buffer(total), n_chunks, self.chunk_bytes)
             self._announced = max(self._announced, version)
         if index in inc.have:
             return
@@ -241,6 +251,8 @@ class Relay:
         for v in [v for v in self._incoming if v < version]:  # superseded partial versions
             del self._incoming[v]
         if self._complete is None or version > self._complete.version:
+            if self._complete is not None:
+                self._retired.append(self._complete.flat)
             self._complete = WeightSnapshot(version, inc.specs, inc.flat)
             self.stats["received_versions"].append(version)
             self.stats["broadcast_s"][version] = time.perf_counter() - inc.started

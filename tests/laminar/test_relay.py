@@ -152,3 +152,17 @@ async def test_push_must_advance_the_version():
     with pytest.raises(ValueError, match="not newer"):
         await chain.push(_weights(), 3)
     await rt.shutdown()
+
+
+async def test_relays_reuse_their_host_buffers():
+    """Six versions of the same shapes: every relay allocates three buffers (the complete one,
+    two retired) and reuses them after, and each version arrives intact."""
+    rt, chain, relays = await _chain(["m", "a"])
+    for v in range(1, 7):
+        sd = _weights(seed=v)
+        await chain.push(sd, v)
+        await _wait_version(relays, v)
+        snap = await relays[1].fetch_latest(have_version=v - 1, policy="local")
+        assert all(torch.equal(snap.state_dict()[k], sd[k]) for k in sd)
+    assert [(await r.get_stats())["buffers_allocated"] for r in relays] == [3, 3]
+    await rt.shutdown()
