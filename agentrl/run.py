@@ -375,7 +375,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     try:
         cfg_run = _with_steps(cfg, remaining)
         status.stage = "evaluating" if cfg.eval.enabled else "warm start"
-        await stages.before_rl(lambda _: checkpoint(start_step))  # base eval, warm start, eval after it
+        await stages.before_rl(lambda _: checkpoint(start_step), stop.is_set)  # base eval, warm start, eval after it
         status.stage = "rollout"
         async with loop_runtime(cfg, run_dir.name, env_factory, make_env) as (runtime, loop_env_factory):
             summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,

@@ -94,9 +94,11 @@ class Stages:
         _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
         return rec
 
-    async def before_rl(self, checkpoint: Callable[[dict[str, Any]], Any]) -> None:
+    async def before_rl(self, checkpoint: Callable[[dict[str, Any]], Any],
+                        should_stop: Callable[[], bool] | None = None) -> None:
         """Base evaluation, then the warm start (checkpointed, so --resume skips it) and the
-        evaluation after it."""
+        evaluation after it. `should_stop` (Ctrl-C) ends the warm start early with
+        agentrl.run.StopTraining; it is not marked done, so a resumed run does it again."""
         import asyncio
 
         if self.fresh and not self.warm_done:
@@ -122,7 +124,12 @@ class Stages:
                         _say(self.cfg, f"warm start step {row['step'] + 1}/{total}: loss {row['loss']:.3f} "
                                        f"({row['tokens_per_s'] or 0:.0f} tokens/s)")
 
-                self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws, on_step=write)
+                self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws, on_step=write,
+                                                         should_stop=should_stop)
+            if should_stop is not None and should_stop():
+                from agentrl.run import StopTraining
+
+                raise StopTraining
             self.warm_done = True
             self.warm_data = []
             last = self.warm_rows[-1]
