@@ -11,6 +11,7 @@ Learner's optimizer, so checkpoints, `--resume` and `agentrl eval --model RUN_DI
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from agentrl.trainer.batch import TrainBatch, build_batch
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import token_logprobs_and_stats
 from agentrl.types import Task, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 def sft_loss(token_logprobs: Tensor, loss_mask: Tensor, num_tokens: float | None = None) -> Tensor:
@@ -137,10 +140,16 @@ async def warm_start_data(cfg: Config, env_factory: Callable[[], Any], train_tas
     tasks = [t for t in train_tasks if str(t.get("id", "")) not in heldout][: ws.tasks]
     if not tasks:
         raise DemonstrationError(f"env '{cfg.env.name}' has no train tasks to demonstrate")
-    return await collect_demonstrations(
-        env_factory, tasks, tokenizer, per_task=ws.per_task, max_tokens=cfg.sampling.max_tokens,
+    trajs = await collect_demonstrations(
+        env_factory, tasks, tokenizer, per_task=ws.per_task, max_tokens=max(cfg.sampling.max_tokens, 4096),
         max_context_tokens=cfg.rollout.max_context_tokens, concurrency=max(1, cfg.sandbox.pool_size),
         timeout_s=cfg.rollout.trajectory_timeout_s)
+    # Longer than a turn may be: still worth imitating (the format), but RL will cut such turns.
+    longest = max((t.action_end - t.action_start for tr in trajs for s in tr.segments for t in s.turns), default=0)
+    if longest > cfg.sampling.max_tokens:
+        log.warning("a demonstration action has %d tokens, more than sampling.max_tokens=%d: the policy "
+                    "cannot produce it in one turn; raise sampling.max_tokens", longest, cfg.sampling.max_tokens)
+    return trajs
 
 
 # ---------------------------------------------------------------------------------------------
