@@ -196,7 +196,8 @@ class LocalSandbox(AgentSandbox):
         /tmp (half of memory_mb, as on docker) and /dev/shm. They live in host memory and die with
         the sandbox; /work is not a host dir, so mountinfo shows no host path for it."""
         mib = 2**20
-        return ["--perms", "1777", "--size", str(SHM_MB * mib), "--tmpfs", "/dev/shm",
+        return ["--mqueue", "/dev/mqueue",  # POSIX message queues, visible so that reset can empty them
+                "--perms", "1777", "--size", str(SHM_MB * mib), "--tmpfs", "/dev/shm",
                 "--perms", "1777", "--size", str(max(self.limits.memory_mb // 2, 1) * mib), "--tmpfs", "/tmp",
                 "--perms", "0755", "--size", str(self.limits.disk_mb * mib), "--tmpfs", WORKDIR]
 

@@ -21,8 +21,10 @@ from agentrl.sandboxes.agent_sandbox import AgentChannel
 # What one lease leaves behind in every writable place it can reach.
 PLANT = ("echo planted > /work/w; echo planted > /tmp/t; echo planted > /dev/shm/s; "
          "echo planted > /dev/d 2>/dev/null; ipcmk -M 4096 >/dev/null; "
-         "python3 -c \"import os; os.mkfifo('/dev/shm/fifo')\"")
-LOOK = ("cat /work/w /tmp/t /dev/shm/s /dev/d 2>/dev/null; find /work /tmp /dev/shm /dev/d -mindepth 1 2>/dev/null; "
+         "python3 -c \"import os, ctypes; os.mkfifo('/dev/shm/fifo'); "
+         "ctypes.CDLL('librt.so.1').mq_open(b'/planted_mq', 0o102, 0o600, None)\"")
+LOOK = ("cat /work/w /tmp/t /dev/shm/s /dev/d 2>/dev/null; "
+        "find /work /tmp /dev/shm /dev/mqueue /dev/d -mindepth 1 2>/dev/null; "
         "ipcs -m | grep -c '^0x' || true")
 
 # Runs in the sandbox in the background: tries to take over the agent's channel through /proc.
@@ -57,6 +59,7 @@ async def test_reuse_after_reset_finds_nothing(backend: str) -> None:
             assert r.ok, r
             r = await sb.exec(LOOK)
             assert r.stdout.count("planted") >= 3 and "/dev/shm/fifo" in r.stdout, r
+            assert "/dev/mqueue/planted_mq" in r.stdout, r
             assert r.stdout.strip().endswith("1"), r
         async with pool.acquire(timeout=30) as sb:
             r = await sb.exec(LOOK)
