@@ -105,6 +105,7 @@ class Learner:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(cfg.warmup_steps))
         self.generator = torch.Generator().manual_seed(cfg.seed)  # mini-batch shuffling
+        self.rank, self.world = 0, 1  # data-parallel position; distributed.shard_learner sets them
         self.version = 0  # global batches trained = weight version pushed to engines
         self.global_step = 0  # optimizer steps
 
@@ -291,6 +292,8 @@ class Learner:
                 if old_entropy is not None and mb_ent is not None:
                     old_entropy[rows] = mb_ent
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):  # sharded (FSDP2) parameters: a DTensor norm
+                grad_norm = grad_norm.full_tensor()
             if not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()} at step {self.global_step}")
@@ -330,18 +333,23 @@ class Learner:
         `entropy_out`: the per-token entropy is computed and written there."""
         cfg = self.cfg
         out = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0)
-        for sl in self._micro_slices(len(mb)):
+        slices = self._micro_slices(len(mb))
+        mine = slices[self.rank::self.world]  # data parallel: this rank's micro-batches
+        for i in range(-(-len(slices) // self.world)):  # as many forwards on every rank (FSDP collectives)
+            real = i < len(mine)
+            sl = mine[i] if real else slices[0]  # a rank with none left runs a zero-weighted one
             micro = self._trim(mb.select(sl))
             w = micro.input_ids.shape[1]
             m_train, m_norm, m_old = train_mask[sl, :w], norm_mask[sl, :w], old[sl, :w]
-            if m_train.sum() == 0 and cfg.kl_coef == 0:
+            if m_train.sum() == 0 and cfg.kl_coef == 0 and self.world == 1:
                 continue  # contributes exactly nothing; skip the forward
             stats = self._forward(self.model, micro, entropy=entropy_out is not None, sum_pi_sq=False)
             logp = stats.logprobs.cpu() if self.device != "cpu" else stats.logprobs
             if lean:
                 m_old = logp.detach()
-                old[sl, :w] = m_old
-            if entropy_out is not None and stats.entropy is not None:
+                if real:
+                    old[sl, :w] = m_old
+            if entropy_out is not None and stats.entropy is not None and real:
                 entropy_out[sl, :w] = stats.entropy.cpu()
             per_tok, clipped = self._token_loss(logp, m_old, micro.behaviour_logprobs, micro.advantages, m_train)
             pg = aggregate_loss(per_tok, m_train, cfg.loss_agg, m_norm, denom)
@@ -349,33 +357,58 @@ class Learner:
             if ref is not None:
                 kl = aggregate_loss(k3_kl(logp, ref[sl, :w]), m_train, cfg.loss_agg, m_norm, denom)
                 loss = loss + cfg.kl_coef * kl
+            # FSDP averages gradients over ranks; the divisors already count the whole mini-batch.
+            (loss * (self.world if real else 0.0)).backward()
+            if not real:
+                continue
+            if ref is not None:
                 out["kl_loss"] += kl.item()
-            loss.backward()
             out["loss"] += loss.item()
             out["pg_loss"] += pg.item()
             out["clipped"] += (clipped * m_train).sum().item()
             if stats.entropy is not None:
                 out["entropy"] += (stats.entropy.cpu() * m_train).sum().item()
+        if self.world > 1:  # each rank filled its own micro-batches: sum them everywhere
+            totals = self._all_reduce(torch.tensor(list(out.values()), dtype=torch.float64))
+            out = dict(zip(out, totals.tolist()))
+            if lean:
+                old.copy_(self._all_reduce(old))
+            if entropy_out is not None:
+                entropy_out.copy_(self._all_reduce(entropy_out))
         return out
+
+    def _all_reduce(self, t: Tensor) -> Tensor:
+        """Sum over the learner ranks (identity for one process)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t)
+        return t
 
     # ------------------------------------------------------------------ weights and state
 
+    def weight_items(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, detached CPU tensor) one at a time: views of the live parameters on a CPU
+        learner; a sharded learner gathers each in turn (a collective: every rank iterates)."""
+        for k, v in self.model.state_dict().items():
+            yield k, v.detach().to("cpu")
+
     def state_dict_for_inference(self) -> dict[str, Tensor]:
         """Detached CPU copies of the weights under their HF names (what engines' load_weights take)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.clone() for k, v in self.weight_items()}
 
     def state_dict_views(self) -> dict[str, Tensor]:
-        """The weights under their HF names as detached views of the live parameters (no copy):
-        valid until the next `step`, so a caller copies them out (relay buffer, engine) before
-        training goes on. CPU learners only; on a device this is a CPU copy."""
-        return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        """The weights under their HF names without a copy on a CPU learner (views of the live
+        parameters): valid until the next `step`, so a caller copies them out (relay buffer,
+        engine) before training goes on."""
+        return dict(self.weight_items())
 
     def iter_weight_chunks(self, max_bytes: int = 64 << 20) -> Iterator[dict[str, Tensor]]:
         """`state_dict_views()` in groups of at most `max_bytes` (a tensor larger than that is a
         group of its own), for pushing weights without materialising a full copy."""
         chunk: dict[str, Tensor] = {}
         size = 0
-        for name, tensor in self.state_dict_views().items():
+        for name, tensor in self.weight_items():
             nbytes = tensor.numel() * tensor.element_size()
             if chunk and size + nbytes > max_bytes:
                 yield chunk
