@@ -205,16 +205,13 @@ def tokens_from_messages(messages: Sequence[Message], tokenizer: Any, traj_id: s
     return seg
 
 
-def trajectories_from_jsonl(path: str | Path, tokenizer: Any, min_reward: float | None = 1.0,
-                            exclude_task_ids: set[str] | None = None) -> list[Trajectory]:
-    """Trajectories from a JSONL file: lines of `trajectories.jsonl` (agentrl train's readable
-    transcripts: messages, reward, task_id) or whole `Trajectory.to_dict()` lines. Keeps those
-    with reward >= min_reward (None: all) whose task is not in `exclude_task_ids`. A line of
-    another schema raises DemonstrationError naming the line."""
+def _checked_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) of every line, each checked against the two accepted schemas; the
+    first bad line raises DemonstrationError naming it."""
     path = Path(path)
     if not path.is_file():
         raise DemonstrationError(f"trajectory file {path} does not exist")
-    out: list[Trajectory] = []
+    rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -227,7 +224,7 @@ def trajectories_from_jsonl(path: str | Path, tokenizer: Any, min_reward: float 
             raise DemonstrationError(f"{where} is not a JSON object; expected a trajectory per line")
         if "segments" in row:
             try:
-                traj = Trajectory.from_dict(row)
+                row = {"trajectory": Trajectory.from_dict(row)}
             except (KeyError, TypeError, ValueError) as e:
                 raise DemonstrationError(f"{where}: not a Trajectory dict ({type(e).__name__}: {e})") from None
         else:
@@ -240,6 +237,29 @@ def trajectories_from_jsonl(path: str | Path, tokenizer: Any, min_reward: float 
                 raise DemonstrationError(f"{where}: 'messages' must be a list of chat messages with a 'role'")
             if not isinstance(row["reward"], (int, float)) or isinstance(row["reward"], bool):
                 raise DemonstrationError(f"{where}: 'reward' must be a number, got {row['reward']!r:.40}")
+            if row.get("status", "finished") not in {s.value for s in Status}:
+                raise DemonstrationError(f"{where}: unknown status {row['status']!r:.40}")
+        rows.append((n, row))
+    return rows
+
+
+def check_trajectory_file(path: str | Path) -> int:
+    """Check every line's schema (no tokenizer needed); returns the number of lines."""
+    return len(_checked_rows(path))
+
+
+def trajectories_from_jsonl(path: str | Path, tokenizer: Any, min_reward: float | None = 1.0,
+                            exclude_task_ids: set[str] | None = None) -> list[Trajectory]:
+    """Trajectories from a JSONL file: lines of `trajectories.jsonl` (agentrl train's readable
+    transcripts: messages, reward, task_id) or whole `Trajectory.to_dict()` lines. Keeps those
+    with reward >= min_reward (None: all) whose task is not in `exclude_task_ids`. A line of
+    another schema raises DemonstrationError naming the line."""
+    path = Path(path)
+    out: list[Trajectory] = []
+    for n, row in _checked_rows(path):
+        if "trajectory" in row:
+            traj = row["trajectory"]
+        else:
             tid = str(row.get("id") or f"{path.stem}/{n}")
             traj = Trajectory(id=tid, group_id=tid, task_id=str(row.get("task_id", "")),
                               status=Status(row.get("status", "finished")), reward=float(row["reward"]),

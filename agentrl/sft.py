@@ -116,6 +116,9 @@ def check_warm_start(cfg: Config) -> None:
         if not Path(ws.data).is_file():
             raise ConfigError(f"trainer.warm_start.data: no such file {ws.data} (a JSONL of trajectories, e.g. "
                               "an earlier run's trajectories.jsonl)")
+        from agentrl.demos import check_trajectory_file
+
+        check_trajectory_file(ws.data)  # every line's schema, before the model loads
         return
     target = agentrl.registry().get(cfg.env.name, cfg.env.name)
     cls = load_entry_point(target) if isinstance(target, str) else target

@@ -192,3 +192,22 @@ def test_env_check_plays_demonstrations_and_fails_on_a_bad_one() -> None:
     assert status(bad) == "fail" and not bad.ok
     assert "went on after" in next(c.detail for c in bad.checks if c.name.startswith("demonstrations"))
     assert status(check_env("search")) == "pass"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--env", f"{__file__}:_NoDemos"], "has no demonstrations"),
+    (["--env", "code", "--data", "/nonexistent/trajectories.jsonl"], "no such file"),
+    (["--env", "code", "--data", "{bad}"], "line 1 lacks 'messages', 'reward'"),
+])
+def test_sft_cli_bad_input_is_one_line_before_any_training(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                           args: list[str], words: str) -> None:
+    from agentrl.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "p", "completion": "c"}\n')
+    argv = ["sft", *[a.replace("{bad}", str(bad)) for a in args], f"run.dir={tmp_path / 'runs'}", "run.name=r",
+            "eval.enabled=false", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agentrl sft: ") and words in err[0], err
+    assert not list((tmp_path / "runs").glob("*/checkpoints/*"))  # nothing was trained
