@@ -167,9 +167,9 @@ class Relay:
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._forwarder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        # Buffers of superseded versions, newest last. One is reused once it is two versions
-        # old: a worker in this process that fetched it has long copied it into its engine.
-        self._retired: collections.deque[torch.Tensor] = collections.deque(maxlen=2)
+        # The buffer of the version last superseded, reused by the next push: two buffers in all,
+        # the peak a push needs anyway (the new version fills while the old one is served).
+        self._retired: collections.deque[torch.Tensor] = collections.deque(maxlen=1)
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "buffers_allocated": 0}
 

@@ -51,8 +51,8 @@ def node_check_env(cfg, pool):
 
 @pytest.fixture(scope="module")
 def cluster():
-    cl = Cluster(initialize_head=True, head_node_args={"num_cpus": 1.5, "resources": {"head": 1}})
-    cl.add_node(num_cpus=1.5, resources={"second": 1})
+    cl = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"head": 1}})
+    cl.add_node(num_cpus=2, resources={"second": 1})
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}}
     rt = RayRuntime(address=cl.address, runtime_env=env)
     yield rt
@@ -61,7 +61,7 @@ def cluster():
 
 
 async def test_two_nodes_relay_and_sandbox_pool_per_node(cluster):
-    cfg = small_config("sync", **{"laminar.worker_num_cpus": 1.0, "laminar.num_workers": 2,
+    cfg = small_config("sync", **{"laminar.worker_num_cpus": 1.5, "laminar.num_workers": 2,
                                   "sandbox.backend": "local", "sandbox.pool_size": 2})
     nodes = cluster.nodes()
     assert len(nodes) == 2
@@ -78,7 +78,7 @@ async def test_two_nodes_relay_and_sandbox_pool_per_node(cluster):
         await stop_pools(pools)
     assert [r.name for r in system.chain.relays] == ["relay0", "relay1"]  # one per node
     workers = summary["workers"]
-    assert sorted(w["node"] for w in workers.values()) == sorted(nodes)  # 1 CPU each: one per node
+    assert sorted(w["node"] for w in workers.values()) == sorted(nodes)  # 1.5 of 2 CPUs each: one per node
     for w in workers.values():
         assert w["relay"] == f"relay{nodes.index(w['node'])}", w  # its own node's relay
         assert w["versions"], "pulled weights from it"
