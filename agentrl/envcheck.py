@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from agentrl.env import Env, ToolEnv, make, registry
+from agentrl.env import Env, ToolEnv, has_demonstrations, make, registry
 from agentrl.parsing import ToolCall
 from agentrl.tools.core import example_arguments
 
@@ -154,6 +154,7 @@ class _Checker:
     def __init__(self, env: Env, report: CheckReport, max_loop_lag_s: float) -> None:
         self.env, self.report, self.max_loop_lag_s = env, report, max_loop_lag_s
         self.pool: _CountingPool | None = None
+        self.factory: Callable[[], Any] = type(env)
         self.original_pool: Any = None
 
     def run(self, name: str, fn: Callable[[], str | None]) -> None:
@@ -269,18 +270,16 @@ class _Checker:
 
     def demonstrations(self, sample: int = 3) -> str:
         """Play the demonstrations of a few train tasks through the real rollout engine (the
-        embedded model's chat template); each must reach the env's best reward."""
+        embedded model's chat template), each on a fresh env (the rollout closes its env); each
+        must reach the env's best reward."""
         from agentrl.demos import demonstration_problem, play_demonstration
-        from agentrl.env import has_demonstrations
         from agentrl.models import load_tokenizer, resolve_model
 
-        if not has_demonstrations(self.env):
-            raise _Skip("the env defines no demonstrate() (optional; needed for `agentrl sft --env`)")
         tasks = list(self.env.tasks("train"))
         picks = [tasks[i * len(tasks) // sample] for i in range(min(sample, len(tasks)))]
         tokenizer = load_tokenizer(resolve_model("smollm2-135m"))
         for i, task in enumerate(picks):
-            traj = self.env._run(play_demonstration(lambda: self.env, task, tokenizer, seed=i, max_tokens=4096,
+            traj = self.env._run(play_demonstration(self.factory, task, tokenizer, seed=i, max_tokens=4096,
                                                     max_context_tokens=32768, verify_template=i == 0))
             problem = demonstration_problem(traj)
             assert problem is None, f"the demonstration of task {task.get('id')} (seed {i}) {problem}"
@@ -329,6 +328,8 @@ def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, adversaria
         except Exception as e:
             report.checks.append(Check("get the sandbox pool", "fail", f"{type(e).__name__}: {e}"))
             return report
+        # Fresh envs of the same kind: by name and arguments, else the class with no arguments.
+        checker.factory = (lambda: make(name_or_env, **kwargs)) if isinstance(name_or_env, str) else type(env)
         checker.run("gymnasium check_env", checker.gymnasium)
         checker.run("seeded reset is deterministic", checker.seeded_reset)
         checker.run("malformed actions give observations", checker.malformed)
@@ -336,7 +337,8 @@ def check_env(name_or_env: str | Env, *, max_loop_lag_s: float = 0.5, adversaria
         checker.run("no blocking call on the event loop", checker.no_blocking)
         if adversarial:  # before close_releases, which closes the env
             checker.run("reward hacks score no better than a wrong answer", checker.adversarial)
-        checker.run("demonstrations reach the best reward", checker.demonstrations)  # before close
+        if has_demonstrations(env):  # optional: an env without demonstrate() has nothing to check
+            checker.run("demonstrations reach the best reward", checker.demonstrations)  # before close
         checker.run("close() releases the sandbox", checker.close_releases)
     finally:
         with contextlib.suppress(Exception):

@@ -1,6 +1,8 @@
-"""SFT on the env's demonstrations, then held-out evaluation, on the real embedded model (issue
+"""SFT on an env's demonstrations, then held-out evaluation, on the real embedded model (issue
 13): the warm start raises the valid tool-call rate on a tiny held-out set. Driven through
-`Stages`, the code `agentrl train` and `agentrl sft` run: base eval → warm start → eval."""
+`Stages`, the code `agentrl train` and `agentrl sft` run: base eval → warm start → eval. The env
+is a user env (short prompt, one tool) so the CPU budget stays small; it also shows a user's own
+`demonstrate()` going through the same path as the built-ins'."""
 
 from __future__ import annotations
 
@@ -10,30 +12,63 @@ from pathlib import Path
 
 import pytest
 
-import agentrl
+from agentrl import ToolEnv
 from agentrl.config import load_config
 from agentrl.models import resolve_configured
+from agentrl.parsing import ToolCall
 from agentrl.stages import Stages
+from agentrl.tools import state_get, state_set, tool
 from agentrl.trainer.learner import Learner
 
 pytestmark = pytest.mark.slow
 
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "pepper", "violet", "candle", "forest",
+         "silver", "rocket", "garden", "planet", "winter"]
 
-def test_warm_start_raises_the_valid_call_rate_on_held_out_questions(tmp_path: Path) -> None:
-    cfg = load_config(env="search", overrides=[
-        "env.kwargs.kinds=[language_code]", "env.max_turns=2", "sampling.max_tokens=40", "eval.n=4",
-        "rollout.concurrency=4", "trainer.warm_start.tasks=8", "trainer.warm_start.per_task=2",
-        "trainer.warm_start.epochs=3", "trainer.warm_start.lr=1e-4", "trainer.micro_batch_size=8", "run.quiet=true"])
 
-    def env_factory():
-        return agentrl.make("search", **cfg.env.kwargs, max_turns=cfg.env.max_turns)
+@tool(name="answer", terminal=True, inject=("state",))
+async def answer(text: str, state=None) -> str:
+    """Give the answer.
 
-    train_tasks = list(env_factory().tasks("train"))
+    Args:
+        text: the word
+    """
+    state_set(state, "answer", text)
+    return "ok"
+
+
+class EchoEnv(ToolEnv):
+    tools = (answer,)
+    max_turns = 1
+
+    def system_prompt(self, task):
+        return "Call the tool."
+
+    def tasks(self, split="train"):
+        words = WORDS[:12] if split == "train" else WORDS[12:]
+        return [{"id": f"{split}/{w}", "word": w} for w in words]
+
+    def user_prompt(self, task):
+        return f"Answer with the word {task['word']}."
+
+    async def demonstrate(self, task):
+        return [self.tool_parser.format_call(ToolCall("answer", {"text": task["word"]}))]
+
+    async def reward(self, task, state):
+        return float(state_get(state, "answer") == task["word"])
+
+
+def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path) -> None:
+    cfg = load_config(env=f"{__file__}:EchoEnv", overrides=[
+        "sampling.max_tokens=32", "eval.enabled=true", "eval.n=4", "rollout.concurrency=4",
+        "trainer.warm_start.enabled=true", "trainer.warm_start.tasks=8", "trainer.warm_start.per_task=1",
+        "trainer.warm_start.epochs=3", "trainer.warm_start.batch_size=4", "trainer.warm_start.lr=2e-4",
+        "trainer.micro_batch_size=4", "run.quiet=true"])
     learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
     saved = []
 
     async def run() -> Stages:
-        stages = await Stages.start(cfg, tmp_path, learner, env_factory, train_tasks)
+        stages = await Stages.start(cfg, tmp_path, learner, EchoEnv, EchoEnv().tasks("train"))
         try:
             assert not stages.evaluator.task_ids & {t.task_id for t in stages.warm_data}  # train split only
             await stages.before_rl(saved.append)
@@ -44,9 +79,9 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_questions(tmp_path: P
     stages = asyncio.run(run())
     base, warm = stages.evaluator.records
     assert (base["phase"], warm["phase"]) == ("base", "warm_start")
-    assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"]
+    assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"], (base, warm)
     assert warm["heldout_valid_call_rate"] >= 0.75, warm
     assert saved == [{"warm_start_done": True}] and stages.warm_done
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 16 demos × 3 epochs / 8
+    assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 8 demos × 3 epochs / 4
     assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 2
