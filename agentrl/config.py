@@ -9,7 +9,9 @@ ill-typed value names the expected type (and the allowed values for a choice).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -412,6 +414,12 @@ def load_config(env: str | None = None, config_file: str | Path | None = None,
     return cfg
 
 
+def _cuda_devices() -> int:
+    """GPUs torch sees, without importing torch when nothing else has."""
+    torch = sys.modules.get("torch")
+    return torch.cuda.device_count() if torch is not None else 0
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that types alone cannot express."""
     checks = [
@@ -433,9 +441,18 @@ def validate(cfg: Config) -> None:
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
         (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (cfg.trainer.num_learners >= 1, "trainer.num_learners must be >= 1"),
+        (cfg.trainer.num_learners <= (os.cpu_count() or 1) or _cuda_devices() >= cfg.trainer.num_learners,
+         f"trainer.num_learners={cfg.trainer.num_learners} exceeds the devices here ({os.cpu_count()} CPU cores, "
+         f"{_cuda_devices()} GPUs); lower it"),
+        (cfg.trainer.num_learners == 1 or (cfg.trainer.kl_coef == 0 and not cfg.trainer.warm_start.enabled
+                                            and cfg.trainer.lora.rank == 0),
+         "trainer.num_learners > 1 does not support trainer.kl_coef > 0, trainer.warm_start or trainer.lora yet; "
+         "set num_learners=1"),
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),
          "trainer.lora.rank must be >= 0, trainer.lora.alpha > 0 and trainer.lora.targets non-empty"),
         (cfg.trainer.entropy_every >= 0, "trainer.entropy_every must be >= 0"),
+        (cfg.trainer.lora.rank == 0 or cfg.engine.kind != "openai",
+         "trainer.lora needs an engine that takes weights (engine.kind=hf or vllm); the openai engine cannot"),
     ]
     for ok, message in checks:
         if not ok:

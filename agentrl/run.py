@@ -276,14 +276,14 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
     from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from agentrl.trainer.learner import Learner
+    from agentrl.trainer.distributed import make_learner
 
     cfg, run_dir = plan.config, plan.run_dir
     ckpt_dir = run_dir / "checkpoints"
     log.info("run %s: resolving model %s", run_dir, cfg.model.name)
     status.stage = "loading model"
     model_path = resolve_configured(cfg.model)
-    learner = Learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
+    learner = make_learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     start_step = 0
     extra: dict[str, Any] = {}
     if plan.resume_from is not None:

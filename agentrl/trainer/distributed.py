@@ -16,6 +16,7 @@ training loop talks to: the same `step` / `version` / `state_dict_for_inference`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -201,6 +202,7 @@ class DistributedLearner:
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        atexit.register(self.close)  # no rank outlives the driver
         self._gather()  # every rank has loaded and sharded its model
 
     def _gather(self) -> list[Any]:
@@ -256,3 +258,11 @@ class DistributedLearner:
     def __del__(self) -> None:
         if getattr(self, "_procs", None):
             self.close()
+
+
+def make_learner(model: str | Path, cfg: TrainerConfig, temperature: float = 1.0,
+                 reward_cfg: RewardConfig | None = None) -> Learner | DistributedLearner:
+    """The learner `trainer.num_learners` asks for: in-process for 1, else N sharded ranks."""
+    if cfg.num_learners > 1:
+        return DistributedLearner(model, cfg, cfg.num_learners, temperature, reward_cfg)
+    return Learner(model, cfg, temperature=temperature, reward_cfg=reward_cfg)

@@ -95,6 +95,12 @@ class Learner:
                              f"{cfg.minibatches} and {cfg.micro_batch_size}")
         self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
         self.model = _load(model, device)
+        self.lora = cfg.lora.rank > 0
+        if self.lora:  # adapters injected in place; the base weights are frozen
+            from peft import LoraConfig, get_peft_model
+
+            get_peft_model(self.model, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                                                  target_modules=list(cfg.lora.targets), lora_dropout=0.0))
         if cfg.activation_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
             # Per decoder layer; non-reentrant works with inputs that need no grad and with FSDP2.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -391,6 +397,14 @@ class Learner:
         """(HF name, detached CPU tensor) one at a time: views of the live parameters on a CPU
         learner; a sharded learner gathers each in turn (a collective: every rank iterates)."""
         for k, v in self.model.state_dict().items():
+            if self.lora and ".lora_" in k:
+                continue
+            if self.lora and ".base_layer." in k:  # engines get merged weights under the HF names
+                module = self.model.get_submodule(k.split(".base_layer.")[0])
+                k = k.replace(".base_layer.", ".")
+                if k.endswith(".weight"):
+                    with torch.no_grad():
+                        v = v + module.get_delta_weight("default")
             yield k, v.detach().to("cpu")
 
     def state_dict_for_inference(self) -> dict[str, Tensor]:
@@ -420,7 +434,10 @@ class Learner:
 
     def training_state(self) -> dict[str, Any]:
         """Everything needed to continue exactly (checkpoint.py adds global RNG states)."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        model = self.model.state_dict()
+        if self.lora:  # the adapter only: the base is the run's model, loaded again on resume
+            model = {k: v for k, v in model.items() if ".lora_" in k}
+        return {"model": model, "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
                 "version": self.version, "global_step": self.global_step}
 
@@ -428,7 +445,13 @@ class Learner:
         missing = {"model", "optimizer", "scheduler", "generator", "version", "global_step"} - set(state)
         if missing:
             raise KeyError(f"training state lacks {sorted(missing)}")
-        self.model.load_state_dict(state["model"])
+        if self.lora:
+            missing_keys, unexpected = self.model.load_state_dict(state["model"], strict=False)
+            if unexpected or any(".lora_" in k for k in missing_keys):
+                raise KeyError(f"checkpoint adapter does not match trainer.lora: unexpected {unexpected[:3]}, "
+                               f"missing {[k for k in missing_keys if '.lora_' in k][:3]}")
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])

@@ -195,3 +195,23 @@ def test_recompute_kept_where_prox_differs():
         assert not Learner(tiny_llama(), load_config(None, overrides=over).trainer).prox_from_training_forward(4)
     learner.model.config.attention_dropout = 0.1
     assert not learner.prox_from_training_forward(4)
+
+
+def test_lora_trains_the_adapter_pushes_merged_weights_and_checkpoints_the_adapter_only():
+    groups = random_groups(2, 3, VOCAB, seed=4)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    cfg = load_config(None, overrides=["trainer.lora.rank=4", "trainer.lr=1e-2", "trainer.lora.targets=[q_proj,v_proj]"]
+                      ).trainer
+    learner = Learner(tiny_llama(0), cfg)
+    base = tiny_llama(0).state_dict()
+    learner.step(copy.deepcopy(groups))
+    merged = learner.state_dict_for_inference()
+    assert set(merged) == set(base)  # HF names, no adapter keys: any engine loads it
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(merged[q], base[q])  # the adapter's delta is merged in
+    torch.testing.assert_close(merged["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+    state = learner.training_state()
+    assert state["model"] and all(".lora_" in k for k in state["model"])
+    fresh = Learner(tiny_llama(0), cfg)
+    fresh.load_training_state(copy.deepcopy(state))
+    torch.testing.assert_close(fresh.state_dict_for_inference()[q], merged[q])
