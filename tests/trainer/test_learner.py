@@ -215,3 +215,28 @@ def test_lora_trains_the_adapter_pushes_merged_weights_and_checkpoints_the_adapt
     fresh = Learner(tiny_llama(0), cfg)
     fresh.load_training_state(copy.deepcopy(state))
     torch.testing.assert_close(fresh.state_dict_for_inference()[q], merged[q])
+
+
+def test_activation_checkpointing_saves_less_for_backward_and_trains_the_same():
+    """Per-decoder-layer checkpointing: fewer bytes held for backward, the same update."""
+    from agentrl.trainer.logprobs import token_logprobs_and_stats
+
+    def saved_bytes(learner: Learner) -> int:
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        ids = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(0))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=torch.ones_like(ids, dtype=torch.bool))
+        return total
+
+    groups = random_groups(2, 2, VOCAB, seed=6)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    on, _ = run_step(TrainerConfig(lr=1e-3, activation_checkpointing=True), groups)
+    off, _ = run_step(TrainerConfig(lr=1e-3, activation_checkpointing=False), groups)
+    assert saved_bytes(on) < 0.6 * saved_bytes(off)
+    torch.testing.assert_close(params(on.model), params(off.model), atol=1e-6, rtol=0)
