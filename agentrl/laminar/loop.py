@@ -106,7 +106,15 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
             groups_per_batch=per_worker, kv_capacity_tokens=cfg.rollout.concurrency * cfg.rollout.max_context_tokens,
             fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name, resources=worker_res)
     if nodes:  # Ray placed each worker by its resources: point it at its node's relay
-        where = await asyncio.gather(*(w.node() for w in workers.values()))
+        try:
+            where = await asyncio.wait_for(asyncio.gather(*(w.node() for w in workers.values())),
+                                           lam.wait_timeout_s)
+        except asyncio.TimeoutError:
+            raise TrainingStalled(
+                f"Ray could not place {len(workers)} rollout workers within laminar.wait_timeout_s="
+                f"{lam.wait_timeout_s:g} s: each needs {lam.worker_num_cpus:g} CPUs and {lam.worker_num_gpus:g} GPUs "
+                "(laminar.worker_num_cpus / worker_num_gpus; sandbox pools take laminar.pool_num_cpus per node)"
+            ) from None
         await asyncio.gather(*(w.set_relay(relays[nodes.index(n)]) for w, n in zip(workers.values(), where)))
     await asyncio.gather(*(w.start() for w in workers.values()))
     manager = rt.spawn(RolloutManager, workers, buffer=buffer, prompts=prompts, partial=partial,

@@ -61,7 +61,9 @@ def cluster():
 
 
 async def test_two_nodes_relay_and_sandbox_pool_per_node(cluster):
-    cfg = small_config("sync", **{"laminar.worker_num_cpus": 1.5, "laminar.num_workers": 2,
+    # per node: 2 CPUs = a worker (1.5) + the sandbox pool (0.25) + the small actors
+    cfg = small_config("sync", **{"laminar.worker_num_cpus": 1.5, "laminar.pool_num_cpus": 0.25,
+                                  "laminar.num_workers": 2, "laminar.wait_timeout_s": 60,
                                   "sandbox.backend": "local", "sandbox.pool_size": 2})
     nodes = cluster.nodes()
     assert len(nodes) == 2
@@ -69,7 +71,7 @@ async def test_two_nodes_relay_and_sandbox_pool_per_node(cluster):
     assert sorted(pools) == sorted(nodes)
     engines = [functools.partial(fake_engine, seed=i) for i in range(2)]
     system = await build_system(cfg, NodeEnvFactory(cfg, node_check_env), [{"id": f"t{i}"} for i in range(4)],
-                                engines, cluster)
+                                engines, cluster)  # fails after wait_timeout_s if the workers cannot be placed
     learner = FakeLearner(train_s=0.05)
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=2, batch_groups=2, wait_timeout_s=120), 150)
