@@ -41,3 +41,18 @@ def test_report_plots_heldout_success_with_the_warm_start_boundary(tmp_path: Pat
     assert "held-out evaluation" in page and "warm_start" in page and "0.600" in page and "heldout.png" in page
     assert heldout_line(evals[-1]) == ("held-out success 0.600 (95% CI 0.300–0.800, n=32), turns 2.00, "
                                        "valid calls 1.00")
+
+
+def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_multiturn", root / "bench" / "_multiturn.py")
+    mt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mt)
+    lo, hi = mt.newcombe_diff_ci(56 / 70, 70, 48 / 80, 80)  # Newcombe (1998) table II, example (a)
+    assert abs(lo - 0.0524) < 5e-4 and abs(hi - 0.3339) < 5e-4
+    lo, hi = mt.newcombe_diff_ci(0.5, 10, 0.5, 10)
+    assert lo < 0 < hi and abs(lo + hi) < 1e-12
