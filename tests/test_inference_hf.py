@@ -309,3 +309,16 @@ async def test_make_engine_follows_config(model_path):
     eng = make_engine(load_config(overrides=["engine.kind=openai", "engine.base_url=http://127.0.0.1:9/v1"]))
     assert isinstance(eng, OpenAIEngine) and eng.model == "smollm2-135m"
     await eng.close()
+
+
+def test_common_prefix_and_length_groups():
+    from agentrl.inference.hf import _common_prefix, _similar_length_groups
+
+    assert _common_prefix([1, 2, 3, 4], [1, 2, 3, 4, 5], 4) == 4
+    assert _common_prefix([1, 2, 3, 4], [1, 2, 3, 4], 3) == 3  # the last prompt token is always computed
+    assert _common_prefix([1, 2, 9, 4], [1, 2, 3, 4], 10) == 2
+    assert _common_prefix([7], [1], 10) == 0
+    # a long first-turn prompt is not padded together with short continuations
+    groups = _similar_length_groups([30, 400, 25, 28, 390])
+    assert sorted(map(sorted, groups)) == [[0, 2, 3], [1, 4]]
+    assert _similar_length_groups([5, 6, 7]) == [[2, 1, 0]]  # below the floor one pass is cheaper

@@ -21,6 +21,7 @@ then admission resumes. Every GenerateOutput therefore comes from exactly one we
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import OrderedDict, deque
@@ -36,6 +37,8 @@ from transformers.cache_utils import DynamicLayer
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.sampling import processed_logprobs, sample_tokens
 from agentrl.models import load_model, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -366,7 +369,9 @@ class HFEngine:
             tokens = r.prompt_ids + r.token_ids[:-1]
             cols = batch.mask[i].nonzero().squeeze(-1)
             if len(cols) != len(tokens):  # bookkeeping broke: keep nothing rather than wrong KV
-                raise RuntimeError(f"hf engine: row holds {len(cols)} cached tokens, expected {len(tokens)}")
+                log.warning("hf engine: a finished row holds %d cached tokens, expected %d; not kept",
+                            len(cols), len(tokens))
+                continue
             kv = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in batch.cache.layers]
             self._prefix.put(tokens, kv)
         self.metrics["prefix_cache_bytes"] = self._prefix.bytes

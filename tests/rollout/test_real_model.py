@@ -107,8 +107,8 @@ async def test_trainer_forward_reproduces_behaviour_logprobs(hf_engine) -> None:
 async def test_turn_k_plus_one_does_not_recompute_turn_k(hf_engine) -> None:
     """Through the rollout engine: each turn's prompt starts with the previous turn's prompt and
     completion, and the hf engine prefills only what was appended since (its metrics count it)."""
-    rollout = RolloutEngine(hf_engine, hf_engine.tokenizer, SamplingParams(seed=7, max_tokens=12))
-    traj = await rollout.run_trajectory(ScriptedEnv(turns=4), TASK, traj_id="kv")
+    rollout = RolloutEngine(hf_engine, hf_engine.tokenizer, SamplingParams(seed=7, max_tokens=8))
+    traj = await rollout.run_trajectory(ScriptedEnv(turns=3), TASK, traj_id="kv")
     assert traj.status is Status.FINISHED, traj.error
     turns = traj.segments[0].turns
     kept = [t.action_end - 1 for t in turns[:-1]]  # all but each turn's last sampled token
