@@ -10,15 +10,15 @@ with `peak_rss_gb` and `breakdown_gb`. The breakdown is computed from the model'
 count (weights, gradients, two Adam moments, weight copies for the engines), not measured per
 component; `other_gb` (activations, engine KV cache, interpreter, sandboxes) is the remainder.
 
-Learner mode times `Learner.step` on a synthetic batch of the real model in a fresh child process
-per configuration (so each peak RSS is its own), and compares bf16 log-probs with fp32 ones.
+Learner mode times `Learner.step` on a synthetic batch of the real model for each precision /
+checkpointing setting, interleaved in one process, counts the bytes each keeps for backward, and
+compares bf16 log-probs with fp32 ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import resource
 import subprocess
 import sys
@@ -89,8 +89,12 @@ def run_mode(env: str, overrides: list[str], timeout_s: float) -> dict[str, Any]
             "params": n, "stderr_tail": stderr.strip().splitlines()[-3:]}
 
 
-def learner_child(name: str, rows: int, length: int, steps: int) -> dict[str, Any]:
-    """One configuration, in this (fresh) process: tokens/s over `steps` timed steps after a warm-up."""
+def learner_mode(rows: int, length: int, rounds: int) -> dict[str, Any]:
+    """The configurations side by side in one process on one model (interleaved rounds, so load
+    drift on a shared machine hits them alike): step time, and the bytes each keeps for backward
+    (saved-tensor hooks: exact, independent of load)."""
+    import statistics
+
     import torch
 
     from agentrl.config import load_config
@@ -99,59 +103,75 @@ def learner_child(name: str, rows: int, length: int, steps: int) -> dict[str, An
     from agentrl.types import Group, Segment, Status, Trajectory
 
     torch.manual_seed(0)
-    over = [f"trainer.{k}={v}" for k, v in LEARNER_CONFIGS[name].items()]
-    cfg = load_config(None, overrides=[*over, f"trainer.micro_batch_size={rows}"])
-    learner = Learner("smollm2-135m", cfg.trainer)
+    learner = Learner("smollm2-135m", load_config(None, overrides=[f"trainer.micro_batch_size={rows}"]).trainer)
     vocab = learner.model.config.vocab_size
+    ids = torch.randint(0, vocab, (rows, length))
+    pos = torch.zeros_like(ids, dtype=torch.bool)
+    pos[:, length // 2:] = True  # half prompt / tool output, half policy tokens, like a multi-turn row
 
     def groups() -> list[Group]:
         trajs = []
-        for i in range(rows):  # half prompt / tool output, half policy tokens, like a multi-turn row
+        for i in range(rows):
             seg = Segment(prompt_len=length // 2)
-            seg.append(torch.randint(0, vocab, (length // 2,)).tolist(), policy=False)
-            seg.append(torch.randint(0, vocab, (length // 2,)).tolist(), policy=True,
-                       logprobs=[-8.0] * (length // 2), version=0)
+            seg.append(ids[i, :length // 2].tolist(), policy=False)
+            seg.append(ids[i, length // 2:].tolist(), policy=True, logprobs=[-8.0] * (length - length // 2), version=0)
             trajs.append(Trajectory(id=f"t{i}", group_id="g", task_id="g", segments=[seg], reward=float(i % 2),
                                     outcome_reward=float(i % 2), status=Status.FINISHED))
         return [Group(id="g", task_id="g", trajectories=trajs)]
 
-    assert "skipped" not in learner.step(groups())  # warm-up (allocator, kernels)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        learner.step(groups())
-    dt = (time.perf_counter() - t0) / steps
-    out = {"config": name, "step_s": round(dt, 2), "tokens_per_s": round(rows * length / dt, 1),
-           "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
-    if name == "bf16_ckpt":  # log-prob agreement of the bf16 forward with fp32, same weights
-        ids = torch.randint(0, vocab, (2, length))
-        pos = torch.zeros_like(ids, dtype=torch.bool)
-        pos[:, length // 2:] = True
-        learner.model.eval()
-        with torch.no_grad():
-            ref = token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=pos, entropy=False,
-                                           sum_pi_sq=False).logprobs
-            with learner._autocast():
-                low = token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=pos, entropy=False,
-                                               sum_pi_sq=False).logprobs
-        diff = (ref - low)[pos].abs()
-        out.update(logprob_max_abs_diff=round(diff.max().item(), 5), logprob_mean_abs_diff=round(diff.mean().item(), 5))
-    return out
+    def configure(name: str) -> None:
+        over = LEARNER_CONFIGS[name]
+        learner.cfg.dtype = over["dtype"]
+        if over["activation_checkpointing"]:
+            learner.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            learner.model.gradient_checkpointing_disable()
 
+    def saved_bytes() -> int:
+        total = 0
 
-def learner_mode(rows: int, length: int, steps: int) -> dict[str, Any]:
-    results = {}
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), learner._autocast():
+            token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=pos, entropy=False, sum_pi_sq=False)
+        return total
+
+    times: dict[str, list[float]] = {name: [] for name in LEARNER_CONFIGS}
+    out: dict[str, dict[str, Any]] = {}
     for name in LEARNER_CONFIGS:
-        cmd = [sys.executable, __file__, "--learner-child", name, "--rows", str(rows), "--length", str(length),
-               "--steps", str(steps)]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"learner child {name} failed:\n{out.stderr[-2000:]}")
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    base = results["fp32"]["tokens_per_s"]
-    return {"mode": "learner", "rows": rows, "length": length, "steps": steps, "results": results,
-            "bf16_ckpt_over_fp32_tokens_per_s": round(results["bf16_ckpt"]["tokens_per_s"] / base, 3),
-            "fp32_ckpt_over_fp32_tokens_per_s": round(results["fp32_ckpt"]["tokens_per_s"] / base, 3),
-            "peak_rss_gb": max(r["peak_rss_gb"] for r in results.values())}
+        configure(name)
+        out[name] = {"saved_for_backward_gb": round(saved_bytes() / GB, 3)}
+    configure("fp32")
+    assert "skipped" not in learner.step(groups())  # warm-up (allocator, kernels)
+    for _ in range(rounds):
+        for name in LEARNER_CONFIGS:
+            configure(name)
+            t0 = time.perf_counter()
+            learner.step(groups())
+            times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        dt = statistics.median(ts)
+        out[name].update(step_s=round(dt, 2), tokens_per_s=round(rows * length / dt, 1))
+    learner.model.eval()  # bf16 log-prob agreement with fp32, same weights
+    with torch.no_grad():
+        configure("fp32")
+        ref = token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=pos, entropy=False,
+                                       sum_pi_sq=False).logprobs
+        configure("bf16_ckpt")
+        with learner._autocast():
+            low = token_logprobs_and_stats(learner.model, ids, None, 1.0, positions=pos, entropy=False,
+                                           sum_pi_sq=False).logprobs
+    diff = (ref - low)[pos].abs()
+    base = out["fp32"]["tokens_per_s"]
+    return {"mode": "learner", "rows": rows, "length": length, "rounds": rounds, "results": out,
+            "bf16_ckpt_over_fp32_tokens_per_s": round(out["bf16_ckpt"]["tokens_per_s"] / base, 3),
+            "fp32_ckpt_over_fp32_tokens_per_s": round(out["fp32_ckpt"]["tokens_per_s"] / base, 3),
+            "bf16_logprob_max_abs_diff": round(diff.max().item(), 5),
+            "bf16_logprob_mean_abs_diff": round(diff.mean().item(), 5),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,17 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env", default="code")
     ap.add_argument("--timeout", type=float, default=300.0, help="kill the run after this many seconds")
     ap.add_argument("--learner", action="store_true", help="time the learner alone per precision")
-    ap.add_argument("--learner-child", choices=list(LEARNER_CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="learner mode: timed steps per configuration")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides for the run (after --)")
     args = ap.parse_args(argv)
-    if args.learner_child:
-        print(json.dumps(learner_child(args.learner_child, args.rows, args.length, args.steps)), flush=True)
-        return
     t0 = utc_now()
-    rec = (learner_mode(args.rows, args.length, args.steps) if args.learner
+    rec = (learner_mode(args.rows, args.length, args.rounds) if args.learner
            else run_mode(args.env, args.overrides or ["trainer.steps=1"], args.timeout))
     emit({"bench": "memory", "started": t0, "commit": git_commit(), "machine": machine_info(), **rec})
 
