@@ -2,6 +2,7 @@
 agentrl's envs in a fresh interpreter the way the README says (Gymnasium >= 1.0 has no plugin entry
 points; its "module:id" form imports the registering module first)."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,10 +11,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _clone(dest: Path) -> Path:
+    """The files a fresh clone has (tracked by git; a work in progress is not), copied to `dest`,
+    so the build sees what a new user's does and leaves no build/ folder in the checkout."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
 def test_wheel_builds_without_setuptools_warnings_and_ships_the_data(tmp_path: Path) -> None:
+    src = _clone(tmp_path / "src")
     # --no-build-isolation: the venv's setuptools (no network); -v so the backend's warnings reach us.
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
-                          "--disable-pip-version-check", "-w", str(tmp_path), str(ROOT)],
+                          "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
@@ -21,8 +34,8 @@ def test_wheel_builds_without_setuptools_warnings_and_ships_the_data(tmp_path: P
         assert noise not in text, text[text.find(noise) - 200: text.find(noise) + 800]
     (wheel,) = tmp_path.glob("agentrl-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {f"agentrl/configs/{p.name}" for p in (ROOT / "configs").glob("*.yaml")}
-    wanted |= {f"agentrl/envs/{p.relative_to(ROOT / 'envs')}" for p in (ROOT / "envs").glob("**/data/**/*")
+    wanted = {f"agentrl/configs/{p.name}" for p in (src / "configs").glob("*.yaml")}
+    wanted |= {f"agentrl/envs/{p.relative_to(src / 'envs')}" for p in (src / "envs").glob("**/data/**/*")
                if p.is_file()}
     assert any("/data/" in w for w in wanted)  # the SWE tasks and sdists at least
     assert wanted <= shipped, sorted(wanted - shipped)
