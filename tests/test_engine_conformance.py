@@ -17,7 +17,7 @@ from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import resolve_model
 from agentrl.trainer.learner import Learner
 from tests.laminar.helpers import make_env
-from tests.test_inference_openai import server  # noqa: F401 - the module-scoped vLLM server fixture
+from tests.test_inference_openai import model_path, server  # noqa: F401 - the module-scoped vLLM server fixture
 
 pytestmark = pytest.mark.slow
 
