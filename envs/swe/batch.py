@@ -132,6 +132,7 @@ async def synthesize_many(specs: list[str], cfg: Any, out_dir: Path, *, max_task
                           max_candidates: int = 150, seed: int = 0, log: Any = print,
                           time_budget_s: float = 600.0) -> list[PackageResult]:
     """Synthesise every package in turn; out_dir/report.json is rewritten after each one."""
+    out_dir = out_dir.resolve()  # tasks point at their sdist by absolute path until shipped
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = out_dir / "report.json"
     done: dict[str, dict[str, Any]] = json.loads(report_path.read_text()) if report_path.exists() else {}

@@ -347,9 +347,15 @@ def _enclosing(spans: list[tuple[str, int, int]], lineno: int) -> str | None:
 
 
 def _changed_region(original: list[str], mutated: list[str]) -> tuple[int, int, list[str]]:
-    ops = [op for op in difflib.SequenceMatcher(None, original, mutated, autojunk=False).get_opcodes()
-           if op[0] != "equal"]
-    return ops[0][1], ops[-1][2], mutated[ops[0][3]:ops[-1][4]]
+    """original[a:b] became the returned lines: the span between the common prefix and suffix
+    (linear; a single-site mutation changes one contiguous span)."""
+    a = 0
+    while a < min(len(original), len(mutated)) and original[a] == mutated[a]:
+        a += 1
+    tail = 0
+    while tail < min(len(original), len(mutated)) - a and original[-1 - tail] == mutated[-1 - tail]:
+        tail += 1
+    return a, len(original) - tail, mutated[a:len(mutated) - tail]
 
 
 def _merge(first: Mutation, second: Mutation) -> str | None:

@@ -1,0 +1,77 @@
+"""The shipped SWE suite (envs/swe/data/suite/): split by whole packages, and a random sample of
+its tasks re-validates from scratch (gold patch 1, empty patch 0) on the real local (bubblewrap)
+and Docker backends. The sample changes with AGENTRL_SWE_SAMPLE_SEED (default: the day)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import SandboxConfig
+from agentrl.envs.swe.grade import ValidationCache, validate_tasks
+from agentrl.envs.swe.runtime import make_task_sandbox
+from agentrl.envs.swe.schema import builtin_tasks
+from agentrl.envs.swe.synth import ensure_task_image
+
+SUITE = builtin_tasks("suite")
+SEED = int(os.environ.get("AGENTRL_SWE_SAMPLE_SEED", time.strftime("%Y%m%d")))
+
+
+def package(task: dict) -> str:
+    return task["environment_setup"]["package"]
+
+
+def sample(n_packages: int, per_package: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    packages = rng.sample(sorted({package(t) for t in SUITE}), n_packages)
+    return [t for p in packages for t in rng.sample([t for t in SUITE if package(t) == p],
+                                                     min(per_package, sum(package(t) == p for t in SUITE)))]
+
+
+def revalidate(tasks: list[dict], backend: str, tmp_path: Path) -> list[tuple[str, str]]:
+    cfg = SandboxConfig(backend=backend, timeout_s=120.0, memory_mb=2048, pids=256, max_output_bytes=8_000_000)
+    cache = ValidationCache(tmp_path / "v.json")  # from scratch: nothing cached
+
+    async def run() -> list[tuple[str, str]]:
+        rejected = []
+        for p in sorted({package(t) for t in tasks}):
+            group = [t for t in tasks if package(t) == p]
+            if backend == "docker":
+                await asyncio.to_thread(ensure_task_image, group[0], cfg.image)
+            sandbox = await make_task_sandbox(cfg, group[0])
+            try:
+                rejected += (await validate_tasks(group, sandbox, backend, cache))[1]
+            finally:
+                await sandbox.close()
+        return rejected
+
+    return asyncio.run(run())
+
+
+def test_the_suite_is_split_by_package() -> None:
+    assert SUITE, "no shipped suite in envs/swe/data/suite/"
+    splits: dict[str, set[str]] = {}
+    for t in SUITE:
+        splits.setdefault(package(t), set()).add(t["split"])
+    assert all(len(s) == 1 for s in splits.values()), splits  # a package never straddles splits
+    held_out = {p for p, s in splits.items() if s == {"test"}}
+    trained = {p for p, s in splits.items() if s == {"train"}}
+    assert held_out and trained and not held_out & trained
+
+
+@pytest.mark.slow
+def test_a_random_sample_revalidates_on_local(tmp_path: Path) -> None:
+    tasks = sample(2, 5, SEED)
+    assert revalidate(tasks, "local", tmp_path) == [], f"seed {SEED}"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_random_sample_revalidates_on_docker(tmp_path: Path) -> None:
+    tasks = sample(1, 3, SEED + 1)
+    assert revalidate(tasks, "docker", tmp_path) == [], f"seed {SEED + 1}"
