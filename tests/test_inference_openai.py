@@ -190,3 +190,13 @@ async def test_multi_turn_rollout_over_http_matches_the_trainer(engine, model_pa
     worst = float((ref[mask] - torch.tensor(seg.logprobs)[mask]).abs().max())
     print(f"\nOpenAI multi-turn trajectory: {int(mask.sum())} policy tokens, max |Δ log-prob| {worst:.2e}")
     assert worst < BOUND
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_openai_engine_trains(server, tmp_path):
+    """The engine conformance step (tests/test_engine_conformance.py) on this module's server."""
+    from tests.test_engine_conformance import engine_config, one_step
+
+    await one_step(engine_config("openai", **{"engine.base_url": f"{server}/v1",
+                                              "engine.weights_dir": str(tmp_path)}))

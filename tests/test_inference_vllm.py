@@ -41,9 +41,12 @@ def prompts(model_path) -> list[list[int]]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(model_path):
+    from agentrl.inference import make_engine
     from agentrl.inference.vllm import VLLMEngine
+    from tests.test_engine_conformance import engine_config
 
-    eng = VLLMEngine(model_path, dtype="float32", max_model_len=1024, max_num_seqs=8, kv_cache_gib=1)
+    eng = make_engine(engine_config("vllm", **{"engine.max_batch_size": "8", "model.dtype": "float32"}))
+    assert isinstance(eng, VLLMEngine)
     yield eng
     await eng.close()
 
@@ -125,3 +128,10 @@ async def test_multi_turn_rollout_logprobs_match_the_trainer(engine, hf_model, m
           f"{float(diff.max()):.2e}, tokens > {FLAG}: {int((diff > FLAG).sum())}")
     assert float(diff.max()) < BOUND
     assert traj.version == 7  # every policy token carries the engine's weight version
+
+
+async def test_vllm_engine_trains(engine):
+    """The engine conformance step (tests/test_engine_conformance.py); last: it changes the weights."""
+    from tests.test_engine_conformance import engine_config, one_step
+
+    await one_step(engine_config("vllm"), engine)

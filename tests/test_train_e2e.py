@@ -19,7 +19,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 TINY = ["trainer.batch_groups=1", "rollout.group_size=2", "rollout.concurrency=2", "sampling.max_tokens=24",
-        "env.max_turns=2", "trainer.micro_batch_size=2", "sandbox.pool_size=2", "--quiet"]
+        "env.max_turns=2", "trainer.micro_batch_size=2", "sandbox.pool_size=2",
+        # the warm start and held-out eval have tests of their own (test_demos, test_heldout_report)
+        "trainer.warm_start.enabled=false", "eval.enabled=false", "--quiet"]
 
 
 def agentrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:

@@ -110,6 +110,7 @@ def small_config(backend: str = "laminar", **over: Any) -> Config:
         "laminar.heartbeat_s=0.05", "rollout.group_size=2", "rollout.concurrency=4",
         "sampling.max_tokens=4", "trainer.batch_groups=2", "trainer.steps=4",
         "rollout.max_context_tokens=1024",
+        "laminar.wait_timeout_s=240",  # a worker that cannot start fails the test, not pytest's timeout
     ] + [f"{k}={v}" for k, v in over.items()]
     return load_config(overrides=overrides)
 

@@ -34,7 +34,8 @@ TESTS_DIR = str(Path(__file__).resolve().parent.parent)  # actors import laminar
 @pytest.fixture(scope="module")
 def runtime():
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}}
-    rt = RayRuntime(num_cpus=2, runtime_env=env)
+    # logical CPUs: two 1-CPU worker actors (laminar.worker_num_cpus) plus the small ones
+    rt = RayRuntime(num_cpus=4, runtime_env=env)
     yield rt
     ray.shutdown()
 
