@@ -147,7 +147,9 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
     ckpt = None
     if model and (Path(model) / "config.yaml").is_file():  # a run directory
         run_cfg = load_config(config_file=Path(model) / "config.yaml")
-        overrides.insert(0, f"model.name={run_cfg.model.name}")
+        lora = run_cfg.trainer.lora  # a LoRA checkpoint holds the adapter: merged into the base here
+        overrides[:0] = [f"model.name={run_cfg.model.name}", f"trainer.lora.rank={lora.rank}",
+                         f"trainer.lora.alpha={lora.alpha}", f"trainer.lora.targets=[{','.join(lora.targets)}]"]
         ckpt = latest_checkpoint(Path(model) / "checkpoints")
         if ckpt is None:
             raise ConfigError(f"run directory {model} has no checkpoint to evaluate")
@@ -171,7 +173,13 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
         import torch
 
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
-        await engine.load_weights(state["model"], int(state["version"]))
+        weights = state["model"]
+        if any(".lora_" in k for k in weights):  # a LoRA run checkpoints the adapter only
+            from agentrl.trainer.learner import merged_lora_weights
+
+            weights = await asyncio.to_thread(merged_lora_weights, resolve_configured(cfg.model), cfg.trainer.lora,
+                                              weights)
+        await engine.load_weights(weights, int(state["version"]))
     tokenizer = load_tokenizer(resolve_configured(cfg.model))
     pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
     await pool.start()

@@ -98,7 +98,7 @@ def learner_mode(rows: int, length: int, rounds: int) -> dict[str, Any]:
     import torch
 
     from agentrl.config import load_config
-    from agentrl.trainer.learner import Learner
+    from agentrl.trainer.learner import Learner, enable_activation_checkpointing
     from agentrl.trainer.logprobs import token_logprobs_and_stats
     from agentrl.types import Group, Segment, Status, Trajectory
 
@@ -123,9 +123,10 @@ def learner_mode(rows: int, length: int, rounds: int) -> dict[str, Any]:
         over = LEARNER_CONFIGS[name]
         learner.cfg.dtype = over["dtype"]
         if over["activation_checkpointing"]:
-            learner.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(learner.model)
         else:
-            learner.model.gradient_checkpointing_disable()
+            (getattr(learner.model, "activation_checkpointing_disable", None)
+             or learner.model.gradient_checkpointing_disable)()
 
     def saved_bytes() -> int:
         total = 0

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.config import RewardConfig, TrainerConfig
+from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
 from agentrl.trainer.batch import TrainBatch, build_batch
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -70,6 +70,50 @@ def _load(model: str | Path | torch.nn.Module, device: str) -> torch.nn.Module:
 _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
 
 
+def inject_lora(model: torch.nn.Module, lora: LoRAConfig) -> None:
+    """Add peft LoRA adapters to `model` in place (the base weights are frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets),
+                                     lora_dropout=0.0))
+
+
+def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, detached CPU tensor) of `model`'s weights; LoRA adapters are merged into their base
+    weights (what engines load), otherwise the tensors are views of the live parameters."""
+    for k, v in model.state_dict().items():
+        if ".lora_" in k:
+            continue
+        if ".base_layer." in k:
+            module = model.get_submodule(k.split(".base_layer.")[0])
+            k = k.replace(".base_layer.", ".")
+            if k.endswith(".weight"):
+                with torch.no_grad():
+                    v = v + module.get_delta_weight("default")
+        yield k, v.detach().to("cpu")
+
+
+def merged_lora_weights(model_path: str | Path, lora: LoRAConfig, adapter: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The base model's weights with a checkpoint's adapter (`training_state()["model"]` of a LoRA
+    learner) merged in, under the HF names: what `agentrl eval --checkpoint` gives an engine."""
+    model = _load(model_path, "cpu")
+    inject_lora(model, lora)
+    _, unexpected = model.load_state_dict(adapter, strict=False)
+    if unexpected:
+        raise KeyError(f"checkpoint adapter does not match trainer.lora: unexpected {unexpected[:3]}")
+    return dict(hf_weight_items(model))
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Checkpoint each decoder layer of a transformers model (no-op for other modules); non-reentrant
+    works with inputs that need no grad and with FSDP2. transformers >= 5.23 renamed the method."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def has_dropout(model: torch.nn.Module) -> bool:
     """Whether a train-mode forward is random (then it cannot stand in for the eval-mode π_prox)."""
     config = getattr(model, "config", None)
@@ -97,13 +141,9 @@ class Learner:
         self.model = _load(model, device)
         self.lora = cfg.lora.rank > 0
         if self.lora:  # adapters injected in place; the base weights are frozen
-            from peft import LoraConfig, get_peft_model
-
-            get_peft_model(self.model, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
-                                                  target_modules=list(cfg.lora.targets), lora_dropout=0.0))
-        if cfg.activation_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
-            # Per decoder layer; non-reentrant works with inputs that need no grad and with FSDP2.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            inject_lora(self.model, cfg.lora)
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
         self.model.train()
         # A frozen copy of the initial policy, only when the k3 KL penalty needs it (§8.1).
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -396,16 +436,7 @@ class Learner:
     def weight_items(self) -> Iterator[tuple[str, Tensor]]:
         """(HF name, detached CPU tensor) one at a time: views of the live parameters on a CPU
         learner; a sharded learner gathers each in turn (a collective: every rank iterates)."""
-        for k, v in self.model.state_dict().items():
-            if self.lora and ".lora_" in k:
-                continue
-            if self.lora and ".base_layer." in k:  # engines get merged weights under the HF names
-                module = self.model.get_submodule(k.split(".base_layer.")[0])
-                k = k.replace(".base_layer.", ".")
-                if k.endswith(".weight"):
-                    with torch.no_grad():
-                        v = v + module.get_delta_weight("default")
-            yield k, v.detach().to("cpu")
+        yield from hf_weight_items(self.model)
 
     def state_dict_for_inference(self) -> dict[str, Tensor]:
         """Detached CPU copies of the weights under their HF names (what engines' load_weights take)."""

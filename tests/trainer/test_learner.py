@@ -215,6 +215,10 @@ def test_lora_trains_the_adapter_pushes_merged_weights_and_checkpoints_the_adapt
     fresh = Learner(tiny_llama(0), cfg)
     fresh.load_training_state(copy.deepcopy(state))
     torch.testing.assert_close(fresh.state_dict_for_inference()[q], merged[q])
+    # `agentrl eval` of a LoRA run's checkpoint: the base model with the adapter merged in
+    from agentrl.trainer.learner import merged_lora_weights
+
+    torch.testing.assert_close(merged_lora_weights(tiny_llama(0), cfg.lora, state["model"])[q], merged[q])
 
 
 def test_activation_checkpointing_saves_less_for_backward_and_trains_the_same():
