@@ -115,9 +115,15 @@ class HeldOutEvaluator:
         import time
 
         t0 = time.perf_counter()
+        from agentrl.progress import status
+
         await self.engine.load_weights(learner.state_dict_for_inference(), learner.version)
-        groups = await self.rollout.run_groups(self.env_factory, self.tasks, 1)
-        res = summarize_trajectories([t for g in groups for t in g.trajectories])
+        trajs: list[Trajectory] = []
+        status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
+        async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
+            trajs.append(traj)
+            status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks)} episodes"
+        res = summarize_trajectories(trajs)
         rec = {"phase": phase, "step": step, "version": learner.version, "split": self.cfg.eval.split,
                "heldout_n": res.n, "heldout_success": res.success_rate, "heldout_ci_low": res.ci_low,
                "heldout_ci_high": res.ci_high, "heldout_reward_mean": res.reward_mean,

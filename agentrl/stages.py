@@ -104,9 +104,11 @@ class Stages:
         if self.fresh and not self.warm_done:
             await self.evaluate("base", 0)
         if self.warm_data:
+            from agentrl.progress import status
             from agentrl.run import _jsonable
             from agentrl.sft import sft_train
 
+            status.stage = "warm start"
             ws = self.cfg.trainer.warm_start
             n_tok = sum(t.num_policy_tokens for t in self.warm_data)
             _say(self.cfg, f"warm start: {len(self.warm_data)} trajectories, {n_tok} policy tokens, "

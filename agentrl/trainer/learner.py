@@ -108,6 +108,8 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     """Checkpoint each decoder layer of a transformers model (no-op for other modules); non-reentrant
     works with inputs that need no grad and with FSDP2. transformers >= 5.23 renamed the method."""
     kwargs = {"use_reentrant": False}
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False  # training forwards keep no KV cache (and transformers says so otherwise)
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif hasattr(model, "gradient_checkpointing_enable"):
