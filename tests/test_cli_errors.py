@@ -10,10 +10,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import agentrl.sandboxes.docker
+import agentrl.trainer.distributed
 import agentrl.trainer.learner
 from agentrl import cli
 
@@ -55,10 +58,15 @@ def fail(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def stub_learner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+def stub_learner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[str]]:
     monkeypatch.setattr(agentrl.trainer.learner, "Learner", _StubLearner)
-    # the smallest run: one sandbox, no held-out evaluation, the run directory under tmp_path
-    return [f"run.dir={tmp_path / 'runs'}", "sandbox.pool_size=1", "eval.enabled=false", "--quiet"]
+    monkeypatch.setattr(agentrl.trainer.distributed, "make_learner", _StubLearner)  # what run.py calls
+    # The Docker client is cached per process (run.py uses agentrl.sandboxes): an earlier test's
+    # client would ignore DOCKER_HOST.
+    agentrl.sandboxes.docker.docker_client.cache_clear()
+    yield [f"run.dir={tmp_path / 'runs'}", "sandbox.pool_size=1", "eval.enabled=false",
+           "trainer.warm_start.enabled=false", "--quiet"]  # the smallest run, under tmp_path
+    agentrl.sandboxes.docker.docker_client.cache_clear()
 
 
 def test_usage_error_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
