@@ -130,8 +130,9 @@ async def test_multi_turn_rollout_logprobs_match_the_trainer(engine, hf_model, m
     assert traj.version == 7  # every policy token carries the engine's weight version
 
 
-async def test_vllm_engine_trains(engine):
+async def test_vllm_engine_trains(engine, hf_model):
     """The engine conformance step (tests/test_engine_conformance.py); last: it changes the weights."""
     from tests.test_engine_conformance import engine_config, one_step
 
+    await engine.load_weights(hf_model.state_dict(), version=0)  # the base weights, as a new run starts
     await one_step(engine_config("vllm"), engine)
