@@ -98,6 +98,8 @@ def sft_train(learner: Learner, trajectories: Sequence[Trajectory], ws: WarmStar
         for g, lr in zip(optimizer.param_groups, saved_lr):
             g["lr"] = lr
         optimizer.state.clear()  # RL's Adam moments start fresh, not scaled by SFT gradients
+        if rows:  # new weights, a new version: rollout engines still on the old one pull these
+            learner.version += 1
     return rows
 
 

@@ -82,6 +82,8 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"], (base, warm)
     assert warm["heldout_valid_call_rate"] >= 0.75, warm
     assert saved == [{"warm_start_done": True}] and stages.warm_done
+    # a new weight version, so RL's rollout engines (still on version 0) pull the warm-started weights
+    assert learner.version == 1 and (base["version"], warm["version"]) == (0, 1)
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 8 demos × 3 epochs / 4
     assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 2
