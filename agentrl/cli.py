@@ -18,7 +18,7 @@ from collections.abc import Sequence
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", help="built-in env (code, search, swe, ...), a registered name, or module:Class")
     p.add_argument("--config", help="a YAML file applied on top of configs/base.yaml and configs/<env>.yaml")
-    p.add_argument("--backend", choices=["laminar", "sync", "global-async"], help="= laminar.backend")
+    p.add_argument("--backend", choices=["auto", "laminar", "sync", "global-async"], help="= laminar.backend")
     p.add_argument("--engine", choices=["hf", "vllm", "openai"], help="= engine.kind")
     p.add_argument("--model", help="= model.name: smollm2-135m (embedded), a local HF folder or a hub id")
     p.add_argument("--ray", metavar="ADDRESS", help="run on Ray: 'local' or a cluster address such as auto")

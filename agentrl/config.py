@@ -182,7 +182,10 @@ class TrainerConfig:
 class RewardConfig:
     """G-RA, algorithms.md §3: step rewards count only when the outcome passes the gate."""
 
-    gate: float | None = 0.0  # None = D-RA (ungated accumulation)
+    # Step rewards only for a full success (outcome >= 1). With a 0/1 outcome a gate of 0 passes every
+    # wrong answer, and GRPO's std normalisation turns their turn-count differences (0.04 vs 0.06) into
+    # ±1.5 advantages: a measured search run lost held-out success that way. None = D-RA (ungated).
+    gate: float | None = 1.0
     step_reward_alpha: float = 0.01
 
 
@@ -199,7 +202,9 @@ class SummarizeConfig:
 
 @dataclass
 class LaminarConfig:
-    backend: Literal["laminar", "sync", "global-async"] = "laminar"
+    # auto: laminar with several rollout workers or on Ray; global-async with one local worker, where
+    # fully async generation outruns the learner and piles up a stale backlog (see resolve_backend)
+    backend: Literal["auto", "laminar", "sync", "global-async"] = "auto"
     num_workers: int = 1
     num_relays: int = 1
     repack_interval_s: float = 5.0

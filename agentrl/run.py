@@ -219,6 +219,8 @@ class _Progress:
         status.step_done(line["step"], line["reward_mean"], line.get("tokens_per_s"))
         info = (f"reward {line['reward_mean']:.3f}  success {line['success_rate']:.2f}  "
                 f"v{line['version']}  stale {line['staleness_mean']:.1f}")
+        if line.get("skipped"):
+            info += "  (every group's rewards equal: nothing to learn, weights unchanged)"
         if self.bar is not None:
             self.bar.update(self.task, advance=1, info=status.line())
         elif not self.quiet:

@@ -37,7 +37,8 @@ def test_train_ray_local(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     before = _pids("raylet") | _pids("gcs_server")
     run_dir = _train(tmp_path, "ray", options=("--ray", "local"))
-    assert json.loads((run_dir / "summary.json").read_text())["runtime"] == "ray"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["runtime"], summary["backend"]) == ("ray", "laminar")  # laminar.backend=auto on Ray
     assert not (_pids("raylet") | _pids("gcs_server")) - before, "the run's local Ray cluster outlived it"
 
 

@@ -16,7 +16,7 @@ from agentrl.laminar.loop import build_system, shutdown, train
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import resolve_model
 from agentrl.trainer.learner import Learner
-from tests.laminar.helpers import make_env
+from tests.laminar.helpers import make_spread_env
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ async def one_step(cfg, engine: InferenceEngine | None = None) -> None:
     assert engine.tokenizer is not None and engine.eos_ids, "the rollout needs both"
     learner = Learner(resolve_model("smollm2-135m"), cfg.trainer, temperature=cfg.sampling.temperature,
                       reward_cfg=cfg.reward)
-    system = await build_system(cfg, make_env, TASKS, [engine], LocalRuntime())
+    system = await build_system(cfg, make_spread_env, TASKS, [engine], LocalRuntime())
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=1, batch_groups=1, wait_timeout_s=300), 600)
     finally:

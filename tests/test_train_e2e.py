@@ -33,6 +33,10 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def trained(rows: list[dict]) -> int:
+    return sum(not r.get("skipped") for r in rows)
+
+
 def test_train_writes_run_dir_then_resume_continues_the_step_count(tmp_path: Path) -> None:
     run_dir = tmp_path / "code-run"
     out = agentrl("train", "--env", "code", "trainer.steps=2", "trainer.checkpoint_every=1",
@@ -43,7 +47,9 @@ def test_train_writes_run_dir_then_resume_continues_the_step_count(tmp_path: Pat
     for key in ["reward_mean", "success_rate", "turns_mean", "policy_tokens", "staleness_mean", "loss",
                 "sandbox_exec_p50_ms", "version"]:
         assert key in rows[-1], key
-    assert rows[-1]["version"] == 2  # one weight version per global batch
+    # one weight version per global batch that trained (a batch of equal-reward groups is skipped)
+    assert rows[-1]["version"] == trained(rows)
+    assert {r["backend"] for r in rows} == {"global-async"}  # laminar.backend=auto, one local worker
     assert rows[-1]["policy_tokens"] > 0
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
     assert (run_dir / "trajectories.jsonl").read_text().strip()
@@ -54,7 +60,7 @@ def test_train_writes_run_dir_then_resume_continues_the_step_count(tmp_path: Pat
     assert out.returncode == 0, out.stderr[-3000:]
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[-1]["version"] == 3
+    assert rows[-1]["version"] == trained(rows)
 
 
 def _bwrap_children() -> list[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import Counter
@@ -34,6 +35,8 @@ from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resourc
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
 from agentrl.types import Group, Task
+
+log = logging.getLogger(__name__)
 
 StepCallback = Callable[[dict[str, Any]], Any]
 
@@ -54,6 +57,17 @@ class LaminarSystem:
     started: float = field(default_factory=time.perf_counter)
 
 
+def resolve_backend(backend: str, num_workers: int, runtime_kind: str) -> str:
+    """`laminar.backend=auto`: the fully decoupled Laminar pipeline where it pays (several rollout
+    workers, or Ray), one-step-off `global-async` for one local worker. With a single worker and a
+    learner slower than generation (2 CPU cores: learn ~150 s, a batch generated in ~55 s), fully
+    async generation only grows a backlog that the FIFO buffer hands out oldest first: a measured
+    4-step search run trained on nothing but warm-start samples."""
+    if backend != "auto":
+        return backend
+    return "laminar" if num_workers > 1 or runtime_kind == "ray" else "global-async"
+
+
 async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task],
                        engines: list[InferenceEngine] | list[Callable[[], InferenceEngine]],
                        runtime: Runtime | None = None, *, hop_delay_s: float = 0.0,
@@ -65,6 +79,7 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     """
     rt = runtime or LocalRuntime()
     lam, G = cfg.laminar, cfg.rollout.group_size
+    backend = resolve_backend(lam.backend, len(engines), rt.kind)
     if not engines:
         raise ValueError("run_training needs at least one inference engine (one per rollout worker)")
     if rt.kind == "ray" and any(hasattr(e, "generate") for e in engines):
@@ -89,7 +104,7 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     await chain.build()
 
     per_worker = max(1, cfg.rollout.concurrency // G)
-    if lam.backend != "laminar":  # spread each released batch over the workers
+    if backend != "laminar":  # spread each released batch over the workers
         per_worker = min(per_worker, math.ceil(cfg.trainer.batch_groups / len(engines)))
     sampling = SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                               max_tokens=cfg.sampling.max_tokens)
@@ -121,7 +136,7 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                        max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
                        heartbeat_s=lam.heartbeat_s, name="manager")
     await manager.start()
-    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, lam.backend, lam.heartbeat_s)
+    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s)
 
 
 async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
@@ -170,19 +185,25 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
                        max_gen_batches: int, release_more: bool) -> tuple[list[Group], dict[str, float]]:
     """One training batch. With DAPO dynamic sampling, groups whose rewards are all equal are
     dropped and the batch is refilled from the buffer (the baselines release that many more
-    prompts first), at most `max_gen_batches` draws in all (≤ 0: no limit)."""
+    prompts first), at most `max_gen_batches` draws in all (≤ 0: no limit). Unlike verl, running
+    out of draws does not end the run: the step trains on the groups kept (none: it is skipped)."""
     from agentrl.trainer.rewards import DynamicSampler
 
     if not dynamic:
         return await wait_batch(system, n_groups, timeout_s), {}
-    sampler: DynamicSampler[Group] = DynamicSampler(n_groups, lambda g: g.rewards, max_gen_batches)
+    sampler: DynamicSampler[Group] = DynamicSampler(n_groups, lambda g: g.rewards, max_gen_batches, strict=False)
     ready = sampler.add(await wait_batch(system, n_groups, timeout_s))
-    while not ready:
+    while not ready and not sampler.exhausted:
         missing = n_groups - len(sampler.kept)
         if release_more:
             await system.prompts.allow(missing, min_version=await _buffer_version(system))
         ready = sampler.add(await wait_batch(system, missing, timeout_s))
     metrics = {"dapo_dropped_groups": float(sampler.num_dropped), "dapo_gen_batches": float(sampler.num_gen_batches)}
+    if sampler.exhausted:
+        metrics["dapo_short_batch"] = float(n_groups - len(sampler.kept))
+        log.warning("dynamic sampling: %d of %d groups had a reward spread after %d draws "
+                    "(trainer.max_gen_batches); this step trains on those", len(sampler.kept), n_groups,
+                    sampler.num_gen_batches)
     return sampler.take(), metrics
 
 
@@ -228,8 +249,8 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         sync_s = 0.0
         if backend != "laminar" and updated:
             sync_s = await barrier(system, v)
-            if backend == "sync":
-                await system.prompts.allow(batch_groups, min_version=v)
+        if backend == "sync":  # also after a skipped step (nothing trainable): the run must go on
+            await system.prompts.allow(batch_groups, min_version=v)
         await system.manager.trigger()
         trajs = [t for g in groups for t in g.trajectories]
         stale = [t.staleness for t in trajs if t.staleness is not None]

@@ -281,6 +281,11 @@ class Learner:
 
     # ------------------------------------------------------------------ one global batch
 
+    def nothing_to_learn(self, batch: TrainBatch) -> bool:
+        """All advantages 0 (each group's rewards equal) and no KL term: the loss is constant."""
+        return (self.cfg.advantage != "otb" and self.cfg.kl_coef == 0
+                and not bool(batch.advantages.abs().gt(0).any()))
+
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Train on one global batch of whole groups; returns metrics. Increments `version`
         unless nothing in the batch was trainable (then the weights are unchanged)."""
@@ -289,7 +294,11 @@ class Learner:
         batch, metrics = self._prepare(groups)
         metrics.update(version=float(self.version), lr=self.scheduler.get_last_lr()[0])
         if len(batch) == 0:
-            return {**metrics, "skipped": 1.0, "num_rows": 0.0}
+            return {**metrics, "skipped": 1.0, "num_rows": 0.0, "loss": 0.0}
+        if self.nothing_to_learn(batch):
+            # every group had equal rewards and no KL term pulls: the gradient is exactly 0, and an
+            # Adam step on it would still move the weights along its momentum (a step nobody asked for)
+            return {**metrics, "skipped": 1.0, "num_rows": float(len(batch)), "adv_abs_mean": 0.0, "loss": 0.0}
 
         # π_old / π_prox at the sampling temperature, frozen for every mini-batch (§2.4, §8.2);
         # in the lean case filled from the training forward below instead.

@@ -69,13 +69,16 @@ class DynamicSampler(Generic[T]):
 
     Feed each generation batch of groups to `add`; when `ready`, `take()` returns exactly
     `target` qualified groups (surplus truncated) and resets. Raises after `max_num_gen_batches`
-    batches without reaching the target (≤ 0 means unlimited)."""
+    batches without reaching the target (≤ 0 means unlimited). `strict=False` gives up without
+    raising: `exhausted` turns true and `take()` returns the groups kept so far (maybe none), so a
+    long run is not lost to one step whose prompts were all solved or all failed."""
 
     def __init__(self, target: int, rewards_of: Callable[[T], Sequence[float]],
-                 max_num_gen_batches: int = 10) -> None:
+                 max_num_gen_batches: int = 10, strict: bool = True) -> None:
         if target < 1:
             raise ValueError(f"target must be >= 1 groups, got {target}")
         self.target, self.rewards_of, self.max_num_gen_batches = target, rewards_of, max_num_gen_batches
+        self.strict = strict
         self.kept: list[T] = []
         self.num_gen_batches = 0
         self.num_dropped = 0
@@ -84,13 +87,18 @@ class DynamicSampler(Generic[T]):
     def ready(self) -> bool:
         return len(self.kept) >= self.target
 
+    @property
+    def exhausted(self) -> bool:
+        """`max_num_gen_batches` batches drawn and still short of the target."""
+        return not self.ready and 0 < self.max_num_gen_batches <= self.num_gen_batches
+
     def add(self, groups: Sequence[T]) -> bool:
         """Add one generation batch; returns `ready`."""
         self.num_gen_batches += 1
         kept = filter_groups(groups, self.rewards_of)
         self.num_dropped += len(groups) - len(kept)
         self.kept.extend(kept)
-        if not self.ready and 0 < self.max_num_gen_batches <= self.num_gen_batches:
+        if self.exhausted and self.strict:
             raise RuntimeError(f"dynamic sampling: only {len(self.kept)}/{self.target} groups with reward "
                                f"variance after {self.num_gen_batches} generation batches "
                                f"(max_num_gen_batches={self.max_num_gen_batches}); the task set may be "
@@ -98,7 +106,7 @@ class DynamicSampler(Generic[T]):
         return self.ready
 
     def take(self) -> list[T]:
-        if not self.ready:
+        if not (self.ready or (self.exhausted and not self.strict)):
             raise RuntimeError(f"dynamic sampling: {len(self.kept)}/{self.target} groups collected, not ready")
         out, self.kept, self.num_gen_batches = self.kept[: self.target], [], 0
         return out

@@ -7,6 +7,7 @@ test_integration.py run the same pipeline with HFEngine and the real Learner.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from typing import Any
 
@@ -39,13 +40,36 @@ class SleepyEnv:
             self.first = action
         await asyncio.sleep(self.task.get("tool_s", 0.0))
         done = self.turn >= self.task.get("turns", 1)
-        reward = 1.0 if len(self.first) > 3 else 0.0
+        reward = self.outcome()
         return StepResult(observation=[] if done else [Message(role="user", content=f"ok {self.turn}")],
                           terminated=done, info={"outcome_reward": reward} if done else {})
 
 
+    def outcome(self) -> float:
+        return 1.0 if len(self.first) > 3 else 0.0
+
+
+class SpreadEnv(SleepyEnv):
+    """SleepyEnv whose outcome alternates 1, 0, 1, ... over the envs made in this process. The
+    members of a group are made one after another, so every group has a reward spread and every
+    step trains (the learner skips a batch whose groups all have equal rewards)."""
+
+    made = itertools.count()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._outcome = float(next(SpreadEnv.made) % 2 == 0)
+
+    def outcome(self) -> float:
+        return self._outcome
+
+
 def make_env() -> SleepyEnv:
     return SleepyEnv()
+
+
+def make_spread_env() -> SpreadEnv:
+    return SpreadEnv()
 
 
 def tail_tasks(n_pairs: int = 2, long_turns: int = 8, tool_s: float = 0.15) -> list[dict]:

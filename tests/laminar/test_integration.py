@@ -12,7 +12,7 @@ from agentrl.models import resolve_model
 from agentrl.trainer.learner import Learner
 from agentrl.types import Status
 
-from .helpers import check_single_version, make_env, small_config, tail_tasks
+from .helpers import check_single_version, make_spread_env, small_config, tail_tasks
 
 
 def _form(t):
@@ -30,7 +30,7 @@ async def test_real_model_two_workers_long_tails():
     tasks = tail_tasks(2, long_turns=5, tool_s=0.5)
     for t in tasks:
         t["tool_s"] = 0.5
-    system = await build_system(cfg, make_env, tasks, engines, LocalRuntime(), shuffle_prompts=False)
+    system = await build_system(cfg, make_spread_env, tasks, engines, LocalRuntime(), shuffle_prompts=False)
     seen = []
     orig_step = learner.step
 

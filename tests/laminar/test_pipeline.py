@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from agentrl.laminar.loop import build_system, shutdown, train
+from agentrl.laminar.loop import build_system, resolve_backend, shutdown, train
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
@@ -138,3 +138,10 @@ def test_run_training_entry_point(tokenizer):
     import json
 
     json.dumps({k: v for k, v in summary.items() if k != "workers"})  # the CLI can log it
+
+
+@pytest.mark.parametrize(("backend", "workers", "runtime", "expected"), [
+    ("auto", 1, "local", "global-async"), ("auto", 2, "local", "laminar"), ("auto", 1, "ray", "laminar"),
+    ("laminar", 1, "local", "laminar"), ("sync", 4, "ray", "sync")])
+def test_auto_backend_is_one_step_off_for_one_local_worker(backend, workers, runtime, expected):
+    assert resolve_backend(backend, workers, runtime) == expected

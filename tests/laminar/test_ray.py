@@ -22,6 +22,7 @@ from .helpers import (  # noqa: E402
     fake_engine,
     kill_first_busy_worker,
     make_env,
+    make_spread_env,
     small_config,
     tail_tasks,
 )
@@ -47,7 +48,7 @@ async def test_ray_pipeline_real_model(runtime):
     engines = [functools.partial(HFEngine, path, max_batch_size=4, seed=i, num_threads=1) for i in range(2)]
     learner = Learner(path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     tasks = tail_tasks(2, long_turns=3, tool_s=0.3)
-    system = await build_system(cfg, make_env, tasks, engines, runtime, shuffle_prompts=False)
+    system = await build_system(cfg, make_spread_env, tasks, engines, runtime, shuffle_prompts=False)
     seen = []
     orig_step = learner.step
     learner.step = lambda groups: (seen.append(groups), orig_step(groups))[1]

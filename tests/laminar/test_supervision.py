@@ -113,11 +113,25 @@ async def test_dapo_drops_zero_variance_groups_and_refills(tokenizer, backend):
     assert all(r["dapo_gen_batches"] >= 2 for r in summary["records"])
 
 
-async def test_dapo_gives_up_after_max_gen_batches(tokenizer):
+class SkipsEmptyBatches(FakeLearner):
+    """Like the real learner: a batch with nothing trainable leaves the version as it is."""
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        if groups:
+            return super().step(groups)
+        self.seen.append(groups)
+        return {"skipped": 1.0, "version": float(self.version)}
+
+
+async def test_dapo_gives_up_after_max_gen_batches_and_the_run_goes_on(tokenizer):
+    """On `sync` a skipped step must still release the next batch (it used to wait forever)."""
     cfg = small_config("sync")
     system = await build_system(cfg, make_env, tail_tasks(1, long_turns=1), [FakeEngine(tokenizer)], LocalRuntime())
-    try:  # every reward equal: nothing is ever trainable
-        with pytest.raises(RuntimeError, match="max_num_gen_batches=3"):
-            await train(system, FakeLearner(), steps=1, batch_groups=2, dynamic_sampling=True, max_gen_batches=3)
+    learner = SkipsEmptyBatches()
+    try:  # every reward equal: nothing is ever trainable, yet both steps end
+        summary = await train(system, learner, steps=2, batch_groups=2, dynamic_sampling=True, max_gen_batches=3)
     finally:
         await shutdown(system)
+    assert len(learner.seen) == 2 and learner.seen[0] == []  # the run went on past the empty step
+    first = summary["records"][0]
+    assert (first["dapo_gen_batches"], first["dapo_dropped_groups"], first["dapo_short_batch"]) == (3, 6, 2)

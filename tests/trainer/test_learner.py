@@ -125,6 +125,23 @@ def test_all_masked_batch_is_skipped_without_version_bump():
     assert learner.step(groups)["skipped"] == 1 and learner.version == 0
 
 
+def test_batch_of_equal_reward_groups_leaves_the_weights_alone():
+    """Zero advantages everywhere: no optimizer step (Adam would still move along its momentum)."""
+    groups = random_groups(2, 4, VOCAB)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    learner, first = run_step(TrainerConfig(lr=1e-3), groups)
+    assert first["optimizer_steps"] == 1 and learner.version == 1
+    for g in groups:
+        for t in g.trajectories:
+            t.reward = 0.0
+    before = params(learner.model)
+    m = learner.step(copy.deepcopy(groups))
+    assert m["skipped"] == 1 and learner.version == 1 and learner.global_step == 1
+    assert torch.equal(params(learner.model), before)
+    with_kl = Learner(tiny_llama(0), TrainerConfig(lr=1e-3, kl_coef=0.1))  # a KL term still pulls
+    assert "skipped" not in with_kl.step(copy.deepcopy(groups)) and with_kl.version == 1
+
+
 def test_updates_move_probability_towards_positive_advantage():
     """A fixed on-policy batch: sequences with reward 1 gain log-prob, reward 0 ones lose it."""
     groups = random_groups(2, 4, VOCAB, seed=3)
