@@ -174,6 +174,7 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "trainer_wait_s": rec.get("trainer_wait_s"), "learn_s": rec.get("learn_s"),
         "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
         "wall_s": rec.get("time_s"),
+        **{k: v for k, v in rec.items() if k.startswith("dapo_")},  # dynamic sampling's drops and draws
     }
     learner = {k.split("/", 1)[1]: v for k, v in rec.items() if k.startswith("learner/")}
     return {**learner, **out}  # the run's own figures win over same-named learner metrics

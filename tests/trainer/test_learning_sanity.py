@@ -59,12 +59,15 @@ async def test_grpo_learns_verifiable_word_on_embedded_model():
             await engine.load_weights(learner.state_dict_for_inference(), learner.version)
             curve.append(sum(rewards) / len(rewards))
             log.append({k: round(m[k], 5) for k in ("reward_mean", "kl_k3_old_roll", "mean_abs_log_rho", "log_abs_ppl_gap", "loss",
-                                                      "grad_norm", "clip_fraction", "entropy", "step_seconds")})
+                                                      "grad_norm", "clip_fraction", "entropy", "step_seconds")
+                        if k in m})  # a step of equal-reward groups is skipped: it has no loss terms
             print(json.dumps({"step": step, **log[-1]}), flush=True)
     finally:
         await engine.close()
     # The engine samples exactly the distribution the learner recomputes: tiny rollout/trainer KL.
-    assert max(e["kl_k3_old_roll"] for e in log) < 1e-3, log
+    trained = [e for e in log if "kl_k3_old_roll" in e]
+    assert len(trained) >= STEPS // 2, log
+    assert max(e["kl_k3_old_roll"] for e in trained) < 1e-3, log
     k = 2
     first, last = sum(curve[:k]) / k, sum(curve[-k:]) / k
     print("curve", [round(c, 3) for c in curve], "first", first, "last", last)
