@@ -79,9 +79,9 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     """
     rt = runtime or LocalRuntime()
     lam, G = cfg.laminar, cfg.rollout.group_size
-    backend = resolve_backend(lam.backend, len(engines), rt.kind)
     if not engines:
         raise ValueError("run_training needs at least one inference engine (one per rollout worker)")
+    backend = resolve_backend(lam.backend, len(engines), rt.kind)
     if rt.kind == "ray" and any(hasattr(e, "generate") for e in engines):
         raise ValueError("on the Ray runtime pass engine factories (each actor builds its own engine)")
     buffer = rt.spawn(ExperienceBuffer, G, capacity=lam.buffer_capacity, max_staleness=lam.max_staleness,
