@@ -26,6 +26,57 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def paired_difference_interval(before: list[bool], after: list[bool], z: float = 1.96) -> tuple[float, float]:
+    """95% CI of p_after − p_before for the same tasks evaluated twice (Newcombe 1998, "Improved
+    confidence intervals for the difference between binomial proportions based on paired data",
+    method 10: the Wilson limits of each margin combined with the correlation φ̂ of the 2×2 table;
+    as worked in Altman et al., "Statistics with confidence", 2nd ed., p. 52).
+    Narrower than the two-sample interval when outcomes are correlated, as they are on the same
+    tasks; with φ̂ = 0 it is the two-sample hybrid score interval."""
+    if len(before) != len(after):
+        raise ValueError(f"paired outcomes need equal lengths, got {len(before)} and {len(after)}")
+    n = len(before)
+    if n == 0:
+        return -1.0, 1.0
+    both = sum(1 for b, a in zip(before, after) if a and b)
+    gained = sum(1 for b, a in zip(before, after) if a and not b)
+    lost = sum(1 for b, a in zip(before, after) if b and not a)
+    neither = n - both - gained - lost
+    p1, p2 = (both + gained) / n, (both + lost) / n  # after, before
+    l1, u1 = wilson_interval(both + gained, n, z)
+    l2, u2 = wilson_interval(both + lost, n, z)
+    # φ̂ with Newcombe's adjustment: a positive association is shrunk by n/2 (never below 0)
+    margins = (both + gained) * (lost + neither) * (both + lost) * (gained + neither)
+    cross = both * neither - gained * lost
+    cross = cross - n / 2 if cross > n / 2 else min(cross, 0)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    delta = p1 - p2
+    lower = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    upper = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return max(-1.0, delta - lower), min(1.0, delta + upper)
+
+
+def heldout_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """The change in held-out success between two evaluation records of the same tasks, with the
+    paired interval; None when the records hold no per-task outcomes for the same tasks."""
+    b, a = before.get("heldout_outcomes"), after.get("heldout_outcomes")
+    if not b or not a or set(b) != set(a):
+        return None
+    ids = sorted(b)
+    lo, hi = paired_difference_interval([bool(b[i]) for i in ids], [bool(a[i]) for i in ids])
+    return {"from": before["phase"], "to": after["phase"], "gain": after["heldout_success"] - before["heldout_success"],
+            "ci_low": lo, "ci_high": hi, "n": len(ids),
+            "gained": sum(1 for i in ids if a[i] and not b[i]), "lost": sum(1 for i in ids if b[i] and not a[i])}
+
+
+def rl_gain(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What RL added on held-out tasks: the final evaluation against the one after the warm start
+    (the base one when there was no warm start), paired over the same tasks."""
+    by_phase = {r["phase"]: r for r in records}
+    start = by_phase.get("warm_start") or by_phase.get("base")
+    return heldout_gain(start, by_phase["final"]) if start and "final" in by_phase else None
+
+
 @dataclass
 class EvalResult:
     n: int
@@ -116,8 +167,13 @@ class HeldOutEvaluator:
 
         t0 = time.perf_counter()
         from agentrl.progress import status
+        from agentrl.run import is_success
 
-        await self.engine.load_weights(learner.state_dict_for_inference(), learner.version)
+        # Views of the learner's weights, not a clone: the learner does not step during an
+        # evaluation. An hf engine takes them as its parameters (no second copy of the weights).
+        views = getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
+        load = getattr(self.engine, "share_weights", self.engine.load_weights)
+        await load(views, learner.version)
         trajs: list[Trajectory] = []
         status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
         async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
@@ -129,6 +185,8 @@ class HeldOutEvaluator:
                "heldout_ci_high": res.ci_high, "heldout_reward_mean": res.reward_mean,
                "heldout_turns_mean": res.turns_mean, "heldout_valid_call_rate": res.valid_call_rate,
                "heldout_errors": res.errors, "eval_s": time.perf_counter() - t0,
+               # per task, so two evaluations of the same tasks can be compared pairwise
+               "heldout_outcomes": {t.task_id: int(is_success(t)) for t in sorted(trajs, key=lambda t: t.task_id)},
                "wall_s": time.perf_counter() - self.started}
         self.records.append(rec)
         if self.path is not None:

@@ -145,6 +145,7 @@ def write_report(run_dir: str | Path) -> Path:
     if heldout:
         heldout = ("<h2>held-out evaluation</h2><table><tr><td>phase</td><td>step</td><td>success</td>"
                    f"<td>95% CI</td><td>n</td><td>turns</td><td>valid calls</td></tr>{heldout}</table>")
+        heldout += _gain_paragraph(evals)
 
     summary_keys = ["step", "reward_mean", "success_rate", "turns_mean", "policy_tokens", "tokens_per_s",
                     "staleness_mean", "loss", "grad_norm", "wall_s"]
@@ -165,6 +166,18 @@ table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px}}</st
 {images}<h2>config</h2><pre>{html.escape(config)}</pre></body></html>"""
     (out / "index.html").write_text(page)
     return out
+
+
+def _gain_paragraph(evals: list[dict[str, Any]]) -> str:
+    """RL's held-out gain (final against the warm start, or base) with its paired 95% CI."""
+    from agentrl.evaluate import rl_gain
+
+    gain = rl_gain(evals)
+    if gain is None:
+        return ""
+    return (f"<p>held-out gain {html.escape(gain['from'])} → {html.escape(gain['to'])}: {gain['gain']:+.3f} "
+            f"(paired 95% CI {gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; {gain['gained']} tasks gained, "
+            f"{gain['lost']} lost, n={gain['n']})</p>")
 
 
 def _fmt(v: Any) -> str:

@@ -243,10 +243,11 @@ class _StagedLearner:
         status.stage = "learning"
         return self._learner.step(groups)
 
-    def state_dict_for_inference(self) -> dict[str, Any]:
+    def state_dict_views(self) -> dict[str, Any]:
+        """What the loop pushes: views where the learner offers them (see laminar.loop)."""
         if status.stage == "learning":  # not the first push of v0, made while rollout starts
             status.stage = "pushing weights"  # until the step callback (after the push) says rollout
-        return self._learner.state_dict_for_inference()
+        return getattr(self._learner, "state_dict_views", self._learner.state_dict_for_inference)()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._learner, name)

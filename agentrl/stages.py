@@ -155,6 +155,8 @@ class Stages:
             await self.evaluate("final", step_done)
         out: dict[str, Any] = {}
         if self.evaluator is not None:
+            from agentrl.evaluate import rl_gain
+
             out["heldout"] = self.evaluator.records
             by_phase = {r["phase"]: r for r in self.evaluator.records}
             for phase in ("base", "warm_start", "final"):
@@ -166,6 +168,12 @@ class Stages:
                 f"{p} {r['heldout_success']:.3f} [{r['heldout_ci_low']:.3f}, {r['heldout_ci_high']:.3f}]"
                 for p, r in by_phase.items() if p != "step"))
             out["heldout_task_ids"] = sorted(self.evaluator.task_ids)
+            gain = rl_gain(self.evaluator.records)
+            if gain is not None:
+                out["heldout_gain"] = gain
+                _say(self.cfg, f"held-out gain {gain['from']} → {gain['to']}: {gain['gain']:+.3f} "
+                               f"(paired 95% CI {gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; "
+                               f"{gain['gained']} tasks gained, {gain['lost']} lost, n={gain['n']})")
         if self.warm_rows:
             tokens = sum(r["num_tokens"] for r in self.warm_rows)
             train_s = sum(r["sft_step_s"] for r in self.warm_rows)

@@ -6,8 +6,9 @@ demonstrations of the train split, then RL) with held-out evaluation on the test
 after the warm start and at the end. Prints one JSON line per env:
 
     env, heldout_base, heldout_warm, heldout_rl (success rates) and their Wilson 95% CIs,
-    rl_gain (heldout_rl − heldout_warm) and rl_gain_ci95 (Newcombe's hybrid score interval for a
-    difference of two proportions; the same tasks are evaluated, so it is conservative),
+    rl_gain (heldout_rl − heldout_warm) and rl_gain_ci95 (Newcombe's interval for paired outcomes
+    on the same tasks; the two-sample one when eval.jsonl has no per-task outcomes, see
+    rl_gain_ci_kind),
     stage wall-clocks (base eval, demonstrations, SFT, RL incl. its evals), SFT tokens/s,
     sft_tokens_per_s_over_trl (TRL SFTTrainer on the same token sequences under .venv-trl, else
     null with the reason), train_reward_mean per RL step, the leak check (no held-out task id in
@@ -33,19 +34,13 @@ from _common import ROOT, emit, load_average, utc_now
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def newcombe_diff_ci(p1: float, n1: int, p2: float, n2: int) -> tuple[float, float]:
-    """95% CI of p1 − p2 (Newcombe 1998, method 10: hybrid Wilson score)."""
-    l1, u1 = wilson(p1, n1)
-    l2, u2 = wilson(p2, n2)
+    """95% CI of p1 − p2 for two independent samples (Newcombe 1998, method 10: hybrid Wilson
+    score); the fallback when the evaluations hold no per-task outcomes to pair."""
+    from agentrl.evaluate import wilson_interval
+
+    l1, u1 = wilson_interval(round(p1 * n1), n1)
+    l2, u2 = wilson_interval(round(p2 * n2), n2)
     d = p1 - p2
     lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
     hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
@@ -79,6 +74,7 @@ def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None) -> tuple[fl
 
 
 def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], keep: Path | None) -> dict[str, Any]:
+    from agentrl.evaluate import rl_gain
     from agentrl.run import prepare_run, train
 
     load_before = load_average()
@@ -105,17 +101,23 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         return [evals[phase]["heldout_ci_low"], evals[phase]["heldout_ci_high"]] if phase in evals else None
 
     gain = gain_ci = None
+    gain_ci_kind = None
     if "final" in evals and "warm_start" in evals:
         f, w = evals["final"], evals["warm_start"]
         gain = f["heldout_success"] - w["heldout_success"]
-        gain_ci = list(newcombe_diff_ci(f["heldout_success"], f["heldout_n"], w["heldout_success"], w["heldout_n"]))
+        paired = rl_gain(list(evals.values()))
+        if paired is not None:
+            gain_ci, gain_ci_kind = [paired["ci_low"], paired["ci_high"]], "paired"
+        else:
+            gain_ci = list(newcombe_diff_ci(f["heldout_success"], f["heldout_n"], w["heldout_success"], w["heldout_n"]))
+            gain_ci_kind = "two-sample"
     return {
         "bench": "learning-multi-turn", "time": utc_now(), "env": env, "exit_code": code,
         "heldout_split": plan.config.eval.split, "heldout_n": heldout_n,
         "heldout_base": rate("base"), "heldout_base_ci95": ci("base"),
         "heldout_warm": rate("warm_start"), "heldout_warm_ci95": ci("warm_start"),
         "heldout_rl": rate("final"), "heldout_rl_ci95": ci("final"),
-        "rl_gain": gain, "rl_gain_ci95": gain_ci,
+        "rl_gain": gain, "rl_gain_ci95": gain_ci, "rl_gain_ci_kind": gain_ci_kind,
         "heldout_valid_call_rate": {p: r["heldout_valid_call_rate"] for p, r in evals.items()},
         "wall_s": {"total": wall, "base_eval": evals.get("base", {}).get("eval_s"),
                    "demonstrations": warm.get("collect_s"), "sft": warm.get("train_s"),

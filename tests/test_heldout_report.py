@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentrl.evaluate import heldout_line, summarize_trajectories, valid_call_rate
+from agentrl.evaluate import (
+    heldout_line,
+    paired_difference_interval,
+    rl_gain,
+    summarize_trajectories,
+    valid_call_rate,
+    wilson_interval,
+)
 from agentrl.report import write_report
 from agentrl.types import Segment, Status, Trajectory, Turn
 
@@ -56,3 +63,49 @@ def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
     assert abs(lo - 0.0524) < 5e-4 and abs(hi - 0.3339) < 5e-4
     lo, hi = mt.newcombe_diff_ci(0.5, 10, 0.5, 10)
     assert lo < 0 < hi and abs(lo + hi) < 1e-12
+
+
+def test_paired_interval_matches_newcombes_method_10() -> None:
+    # Cavo et al. (2012) as worked in Fagerland, Lydersen & Laake, "Statistical analysis of
+    # contingency tables", ch. 8: 59 both, 6 after only, 16 before only, 80 neither.
+    before = [1] * 59 + [0] * 6 + [1] * 16 + [0] * 80
+    after = [1] * 59 + [1] * 6 + [0] * 16 + [0] * 80
+    lo, hi = paired_difference_interval(before, after)
+    assert abs(lo + 0.1186) < 5e-5 and abs(hi + 0.0046) < 5e-5
+
+
+def test_pairing_narrows_the_interval_when_tasks_agree() -> None:
+    # 32 tasks, 17 solved before; after, the same 17 and 5 more: the paired interval excludes 0
+    # where the two-sample one (tasks treated as fresh draws) does not.
+    before = [1] * 17 + [0] * 15
+    after = [1] * 22 + [0] * 10
+    lo, hi = paired_difference_interval(before, after)
+    assert 0 < lo < 5 / 32 < hi
+    l1 = wilson_interval(22, 32)[0]
+    u2 = wilson_interval(17, 32)[1]
+    two_sample_lo = 5 / 32 - ((22 / 32 - l1) ** 2 + (u2 - 17 / 32) ** 2) ** 0.5
+    assert two_sample_lo < 0 < lo
+    swapped = paired_difference_interval(after, before)  # swapping the roles mirrors it
+    assert abs(swapped[0] + hi) < 1e-12 and abs(swapped[1] + lo) < 1e-12
+
+
+def test_rl_gain_pairs_final_with_the_warm_start_and_the_report_prints_it(tmp_path: Path) -> None:
+    def rec(phase: str, outcomes: dict[str, int]) -> dict:
+        y = sum(outcomes.values()) / len(outcomes)
+        return {"phase": phase, "step": 2, "split": "test", "heldout_n": len(outcomes), "heldout_success": y,
+                "heldout_ci_low": 0.0, "heldout_ci_high": 1.0, "heldout_turns_mean": 1.0,
+                "heldout_valid_call_rate": 1.0, "eval_s": 1.0, "wall_s": 1.0, "heldout_outcomes": outcomes}
+
+    ids = [f"t{i}" for i in range(8)]
+    records = [rec("base", dict.fromkeys(ids, 0)), rec("warm_start", {i: int(i < "t4") for i in ids}),
+               rec("final", {i: int(i < "t6") for i in ids})]
+    gain = rl_gain(records)
+    assert gain is not None and (gain["from"], gain["to"], gain["n"]) == ("warm_start", "final", 8)
+    assert (gain["gained"], gain["lost"]) == (2, 0) and gain["gain"] == 0.25
+    assert gain["ci_low"] < 0.25 < gain["ci_high"]
+    assert rl_gain(records[:2]) is None  # no final evaluation
+    assert rl_gain([records[0], rec("final", {"other": 1})]) is None  # not the same tasks
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 0.1}) + "\n")
+    page = (write_report(tmp_path) / "index.html").read_text()
+    assert "held-out gain warm_start → final: +0.250 (paired 95% CI" in page and "2 tasks gained, 0 lost" in page

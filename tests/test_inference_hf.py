@@ -238,6 +238,34 @@ async def test_load_weights_changes_outputs_and_version(engine, prompts):
     assert max_diff(engine.model, prompts[3], after) < TOL  # engine really runs the new weights
 
 
+async def test_share_weights_uses_the_given_tensors_without_a_copy(model_path, prompts):
+    from agentrl.models import load_model
+
+    policy = load_model(model_path)  # as the learner holds it: the evaluator passes views of these
+    views = {k: v.detach() for k, v in policy.state_dict().items()}
+    with torch.no_grad():
+        policy.model.norm.weight.mul_(1.5)  # differ from the engine's own copy loaded from disk
+    eng = HFEngine(model_path, seed=0)
+    try:
+        await eng.share_weights(views, version=4)
+        live = dict(eng.model.named_parameters(remove_duplicate=False))
+        assert live["model.norm.weight"].data_ptr() == policy.model.norm.weight.data_ptr()
+        assert live["model.embed_tokens.weight"].data_ptr() == policy.model.embed_tokens.weight.data_ptr()
+        assert eng.model.lm_head.weight is eng.model.model.embed_tokens.weight  # tied weights stay tied
+        sp = SamplingParams(temperature=0.0, max_tokens=8)
+        out = await eng.generate(prompts[0], sp)
+        assert out.version == 4 and max_diff(policy, prompts[0], out) < TOL
+        with torch.no_grad():  # the learner steps between evaluations: the engine sees it
+            policy.model.norm.weight.mul_(0.5)
+        await eng.share_weights(views, version=5)  # drops the KV kept under the old weights
+        again = await eng.generate(prompts[0], sp)
+        assert again.metrics["cached_tokens"] == 0 and max_diff(policy, prompts[0], again) < TOL
+        await eng.share_weights({"model.norm.weight": views["model.norm.weight"].double()}, version=6)
+        assert live["model.norm.weight"].dtype == torch.float32  # another dtype is copied, not shared
+    finally:
+        await eng.close()
+
+
 async def test_forward_runs_off_the_event_loop(engine, prompts):
     ticks = 0
 

@@ -69,6 +69,8 @@ def test_staged_learner_names_the_stage() -> None:
     learner = _StagedLearner(inner)
     assert learner.version == 3
     status.stage = "rollout"
-    assert learner.state_dict_for_inference() == {"w": 1} and status.stage == "rollout"  # the v0 push
+    assert learner.state_dict_views() == {"w": 1} and status.stage == "rollout"  # the v0 push
     assert learner.step([]) == {"loss": 1.0} and status.stage == "learning"
-    assert learner.state_dict_for_inference() == {"w": 1} and status.stage == "pushing weights"
+    assert learner.state_dict_views() == {"w": 1} and status.stage == "pushing weights"
+    inner.state_dict_views = lambda: {"view": 1}  # a learner with views pushes them, not a clone
+    assert learner.state_dict_views() == {"view": 1}

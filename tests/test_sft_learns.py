@@ -72,13 +72,24 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
         try:
             assert not stages.evaluator.task_ids & {t.task_id for t in stages.warm_data}  # train split only
             await stages.before_rl(saved.append)
+            summary = await stages.finish(step_done=0)  # the final evaluation, paired with the warm start's
         finally:
             await stages.close()
-        return stages
+        return stages, summary
 
-    stages = asyncio.run(run())
-    base, warm = stages.evaluator.records
-    assert (base["phase"], warm["phase"]) == ("base", "warm_start")
+    stages, summary = asyncio.run(run())
+    base, warm, final = stages.evaluator.records
+    assert (base["phase"], warm["phase"], final["phase"]) == ("base", "warm_start", "final")
+    # per-task outcomes, and RL's gain (none here: no RL step) paired over the same tasks
+    assert set(warm["heldout_outcomes"]) == stages.evaluator.task_ids == set(final["heldout_outcomes"])
+    assert sum(warm["heldout_outcomes"].values()) == round(warm["heldout_success"] * warm["heldout_n"])
+    gain = summary["heldout_gain"]
+    assert (gain["from"], gain["to"], gain["n"]) == ("warm_start", "final", 4)
+    assert gain["ci_low"] <= gain["gain"] <= gain["ci_high"]
+    # the evaluation engine ran on the learner's own parameters: no second copy of the weights
+    engine_params = dict(stages.eval_engine.model.named_parameters(remove_duplicate=False))
+    views = learner.state_dict_views()
+    assert views and all(engine_params[k].data_ptr() == v.data_ptr() for k, v in views.items())
     assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"], (base, warm)
     assert warm["heldout_valid_call_rate"] >= 0.75, warm
     assert saved == [{"warm_start_done": True}] and stages.warm_done
@@ -86,4 +97,4 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     assert learner.version == 1 and (base["version"], warm["version"]) == (0, 1)
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 8 demos × 3 epochs / 4
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 3

@@ -145,11 +145,22 @@ class HFEngine:
 
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Swap weights on an empty engine: new requests wait, running ones finish first."""
+        await self._swap(state_dict, version, share=False)
+
+    async def share_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """As `load_weights`, but the model takes the given tensors as its parameters where dtype
+        and device match: no copy, no second set of weights in memory. The caller keeps them
+        unchanged while the engine generates (the held-out evaluator passes the learner's own
+        parameters, which do not move during an evaluation)."""
+        await self._swap(state_dict, version, share=True)
+
+    async def _swap(self, state_dict: dict[str, Any], version: int, share: bool) -> None:
         async with self._swap_lock:
             self._paused = True
             try:
                 await self._empty.wait()
-                await asyncio.get_running_loop().run_in_executor(self._executor, self._copy_weights, state_dict)
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._copy_weights, state_dict,
+                                                                 share)
                 self.version = version
             finally:
                 self._paused = False
@@ -202,7 +213,7 @@ class HFEngine:
         if isinstance(sampling.stop, str) or not all(isinstance(s, str) and s for s in sampling.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {sampling.stop!r}")
 
-    def _copy_weights(self, state_dict: dict[str, Any]) -> None:
+    def _copy_weights(self, state_dict: dict[str, Any], share: bool = False) -> None:
         params = self.model.state_dict()
         unknown = sorted(set(state_dict) - set(params))
         if unknown:
@@ -212,9 +223,14 @@ class HFEngine:
             if tuple(value.shape) != tuple(params[name].shape):
                 raise ValueError(f"load_weights: '{name}' has shape {tuple(value.shape)}, "
                                  f"expected {tuple(params[name].shape)}")
+        live = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.no_grad():
             for name, value in state_dict.items():
-                params[name].copy_(value)
+                target = live.get(name)
+                if share and target is not None and value.dtype == target.dtype and value.device == target.device:
+                    target.data = value.detach()  # the same Parameter object: tied weights stay tied
+                else:
+                    params[name].copy_(value)
         self._prefix.clear()  # the kept KV belongs to the old weights
 
     # ------------------------------------------------------------------ scheduler
