@@ -101,6 +101,12 @@ class ShardedLearner(Learner):
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # The gathered tensors are new, but unsharded entries (Adam's `step` counts) are the live
+        # ones: the driver would hold tensors that keep changing (a pipe shares their memory).
+        for param_state in optim_sd.get("state", {}).values():
+            for k, v in param_state.items():
+                if isinstance(v, Tensor) and not hasattr(v, "to_local"):
+                    param_state[k] = v.clone()
         state = super().training_state()
         state.update(model=model_sd, optimizer=optim_sd)
         return state
@@ -113,6 +119,13 @@ class ShardedLearner(Learner):
             raise KeyError(f"training state lacks {sorted(missing)}")
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        # set_state_dict shards the tensors into new DTensors but keeps unsharded entries (Adam's
+        # `step` counts) as given. The driver's state reaches every rank through a pipe that shares
+        # tensor memory, so without a copy all ranks would step one shared counter (twice per step).
+        for param_state in self.optimizer.state.values():
+            for k, v in param_state.items():
+                if isinstance(v, Tensor) and not hasattr(v, "to_local"):
+                    param_state[k] = v.clone()
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.version, self.global_step = int(state["version"]), int(state["global_step"])

@@ -3,12 +3,19 @@ global batch to the same parameters as one learner, holding half the weights and
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from pathlib import Path
 
+import pytest
 import torch
 
-from agentrl.config import TrainerConfig
-from agentrl.trainer.distributed import DistributedLearner
+from agentrl.config import TrainerConfig, load_config
+from agentrl.inference import make_engine
+from agentrl.inference.base import SamplingParams
+from agentrl.models import load_tokenizer, resolve_model
+from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentrl.trainer.distributed import DistributedLearner, make_learner
 from agentrl.trainer.learner import Learner
 
 from .conftest import VOCAB, tiny_llama
@@ -47,3 +54,119 @@ def test_two_sharded_learners_equal_one(tmp_path):
         assert rank["weights"] <= 0.6 * full_w and rank["optimizer"] <= 0.6 * full_opt
     torch.testing.assert_close(state["model"]["model.norm.weight"], one["model.norm.weight"])
     assert set(state["model"]) >= set(single.model.state_dict()) - {"lm_head.weight"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the factories `agentrl train` uses (agentrl/run.py): config → make_learner / make_engine.
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny_model_dir(tmp_path: Path) -> Path:
+    """The tiny Llama as a model folder an engine can load: weights plus the embedded model's
+    tokenizer (the tiny vocabulary's ids are a prefix of it)."""
+    path = tmp_path / "tiny"
+    tiny_llama(0).save_pretrained(path)
+    load_tokenizer(resolve_model("smollm2-135m")).save_pretrained(path)
+    return path
+
+
+def config(path: Path, *overrides: str):
+    return load_config(None, overrides=[f"model.name={path}", "engine.kind=hf", "trainer.lr=1e-3", *overrides])
+
+
+def on_policy_groups(seed: int) -> list:
+    groups = random_groups(2, 3, VOCAB, seed=seed)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    return groups
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_resumes_exactly_in_new_learner_processes(tmp_path):
+    """trainer.num_learners=2: step, checkpoint (as the run loop does), step again; a new learner
+    group (fresh rank processes, nothing carried in memory) loads the checkpoint and takes the
+    same second step: parameters and Adam state equal the uninterrupted run's."""
+    path = tiny_model_dir(tmp_path)
+    # two mini-batches per global batch: the shuffle generator, the LR warm-up and Adam's step
+    # count all move within a batch, so each must come back from the checkpoint
+    cfg = config(path, "trainer.num_learners=2", "trainer.minibatches=2", "trainer.micro_batch_size=1",
+                 "trainer.warmup_steps=3", "trainer.weight_decay=0.01").trainer
+    batches = [on_policy_groups(11), on_policy_groups(12)]
+    ckpt = tmp_path / "checkpoints"
+
+    learner = make_learner(path, cfg)
+    assert isinstance(learner, DistributedLearner)
+    try:
+        learner.step(copy.deepcopy(batches[0]))
+        after_one = learner.state_dict_for_inference()
+        save_checkpoint(ckpt, learner, extra={"step": 1})
+        learner.step(copy.deepcopy(batches[1]))
+        straight_w, straight = learner.state_dict_for_inference(), learner.training_state()
+    finally:
+        learner.close()
+
+    resumed_learner = make_learner(path, cfg)  # new rank processes, loaded from the model folder
+    try:
+        assert load_checkpoint(latest_checkpoint(ckpt), resumed_learner) == {"step": 1}
+        assert (resumed_learner.version, resumed_learner.global_step) == (1, 2)
+        resumed_learner.step(copy.deepcopy(batches[1]))
+        resumed_w, resumed = resumed_learner.state_dict_for_inference(), resumed_learner.training_state()
+    finally:
+        resumed_learner.close()
+
+    assert (resumed["version"], resumed["global_step"]) == (straight["version"], straight["global_step"]) == (2, 4)
+    assert max((straight_w[k] - after_one[k]).abs().max().item() for k in straight_w) > 1e-4  # not vacuous
+    assert set(resumed_w) == set(straight_w)
+    w_diff = max((resumed_w[k] - straight_w[k]).abs().max().item() for k in straight_w)
+    opt_a, opt_b = straight["optimizer"]["state"], resumed["optimizer"]["state"]
+    assert set(opt_a) == set(opt_b) and opt_a
+    opt_diff = max((opt_b[p][s] - opt_a[p][s]).abs().max().item() for p in opt_a for s in opt_a[p])
+    print(f"resume: max |Δparam| {w_diff:.3g}, max |Δadam state| {opt_diff:.3g}")
+    assert w_diff <= 1e-6 and opt_diff <= 1e-6
+    assert resumed["scheduler"] == straight["scheduler"]
+    assert torch.equal(resumed["generator"], straight["generator"])
+
+
+@pytest.mark.slow
+async def test_sharded_push_gives_the_engine_the_single_learners_logprobs(tmp_path):
+    """The same step on N=1 and on N=2 sharded learners; each one's weights pushed to an hf engine
+    from make_engine: the same seeded samples get the same log-probs within 1e-5."""
+    path = tiny_model_dir(tmp_path)
+    groups = on_policy_groups(5)
+    weights = {}
+    for n in (1, 2):
+        cfg = config(path, f"trainer.num_learners={n}", "trainer.micro_batch_size=1")
+        learner = make_learner(path, cfg.trainer, temperature=cfg.sampling.temperature)
+        assert isinstance(learner, DistributedLearner) == (n == 2)
+        try:
+            learner.step(copy.deepcopy(groups))
+            weights[n] = learner.state_dict_for_inference()
+        finally:
+            if n == 2:
+                learner.close()
+    engine = make_engine(config(path, "engine.max_batch_size=4"))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (int(n),), generator=g).tolist() for n in (5, 9, 7, 12)]
+    sampling = [SamplingParams(temperature=1.0, max_tokens=24, seed=100 + i) for i in range(len(prompts))]
+
+    async def sample():
+        return await asyncio.gather(*[engine.generate(p, s) for p, s in zip(prompts, sampling)])
+
+    try:
+        base = await sample()
+        outs = {}
+        for n in (1, 2):
+            await engine.load_weights(weights[n], 1)
+            outs[n] = await sample()
+    finally:
+        await engine.close()
+    diffs, changed = [], 0.0
+    for b, one, two in zip(base, outs[1], outs[2]):
+        assert one.token_ids == two.token_ids and len(one.token_ids) >= 1
+        diffs += [abs(x - y) for x, y in zip(one.logprobs, two.logprobs)]
+        if b.token_ids == one.token_ids:  # the push did change the engine's distribution
+            changed = max(changed, max(abs(x - y) for x, y in zip(b.logprobs, one.logprobs)))
+        else:
+            changed = float("inf")
+    print(f"engine log-probs N=2 vs N=1 over {len(diffs)} tokens: max |Δ| {max(diffs):.3g}; vs base {changed:.3g}")
+    assert max(diffs) <= 1e-5
+    assert changed > 1e-4
