@@ -449,10 +449,8 @@ def validate(cfg: Config) -> None:
         (cfg.trainer.num_learners <= (os.cpu_count() or 1) or _cuda_devices() >= cfg.trainer.num_learners,
          f"trainer.num_learners={cfg.trainer.num_learners} exceeds the devices here ({os.cpu_count()} CPU cores, "
          f"{_cuda_devices()} GPUs); lower it"),
-        (cfg.trainer.num_learners == 1 or (cfg.trainer.kl_coef == 0 and not cfg.trainer.warm_start.enabled
-                                            and cfg.trainer.lora.rank == 0),
-         "trainer.num_learners > 1 does not support trainer.kl_coef > 0, trainer.warm_start or trainer.lora yet; "
-         "set num_learners=1"),
+        (cfg.trainer.num_learners == 1 or (cfg.trainer.kl_coef == 0 and cfg.trainer.lora.rank == 0),
+         "trainer.num_learners > 1 does not support trainer.kl_coef > 0 or trainer.lora yet; set num_learners=1"),
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),
          "trainer.lora.rank must be >= 0, trainer.lora.alpha > 0 and trainer.lora.targets non-empty"),
         (cfg.trainer.entropy_every >= 0, "trainer.entropy_every must be >= 0"),

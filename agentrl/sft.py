@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -43,21 +43,54 @@ def sft_batch(trajectories: Sequence[Trajectory]) -> TrainBatch:
     return build_batch(list(trajectories), torch.zeros(n), torch.arange(n))
 
 
-def sft_train(learner: Learner, trajectories: Sequence[Trajectory], ws: WarmStartConfig, *,
+def sft_train(learner: Any, trajectories: Sequence[Trajectory], ws: WarmStartConfig, *,
               micro_batch_size: int | None = None, on_step: Callable[[dict[str, Any]], Any] | None = None,
               should_stop: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """`ws.epochs` passes over the trajectories in seeded shuffles of `ws.batch_size` rows, one
     AdamW step each at `ws.lr` (the RL schedule is left untouched); the optimizer's moments are
-    cleared afterwards so RL starts from a fresh optimizer. Returns one metrics dict per step."""
+    cleared afterwards so RL starts from a fresh optimizer. Returns one metrics dict per step.
+    `learner` is a `Learner` or a `DistributedLearner` (trainer.num_learners > 1: every rank runs
+    `sft_steps` on its FSDP2 shard, each forwarding its own micro-batches)."""
     batch = sft_batch(trajectories)
     if len(batch) == 0:
         raise DemonstrationError("the warm-start data holds no policy tokens to train on")
+    steps = (learner.sft_steps(batch, ws, micro_batch_size) if hasattr(learner, "sft_steps")
+             else sft_steps(learner, batch, ws, micro_batch_size))
+    rows: list[dict[str, Any]] = []
+    try:
+        for row in steps:
+            rows.append(row)
+            if on_step is not None:
+                on_step(row)
+            if should_stop is not None and should_stop():
+                break
+    finally:
+        steps.close()  # restores the RL learning rate, clears the moments, bumps the version
+    return rows
+
+
+def _policy_logprobs(learner: Learner, mb: TrainBatch) -> Tensor:
+    """log π of every token at temperature 1, through the FSDP2 root on a sharded learner."""
+    ids, attn, pos = (x.to(learner.device) for x in (mb.input_ids, mb.attention_mask, mb.loss_mask))
+    policy = getattr(learner, "policy", None)  # ShardedLearner: PolicyForward(model), the FSDP2 root
+    if policy is not None:
+        return policy(ids, attn, 1.0, pos, False, False)[0]
+    return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos).logprobs
+
+
+def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
+              micro_batch_size: int | None = None) -> Iterator[dict[str, Any]]:
+    """The warm start one optimizer step at a time (one metrics dict each); closing the generator
+    early (Ctrl-C) or finishing it restores the RL learning rate and clears the Adam moments.
+    Data parallel over `learner.world` ranks: rank r forwards micro-batches r, r+N, ... (every
+    rank as many forwards, FSDP2's collectives need it) and FSDP averages the gradients."""
     micro = micro_batch_size or learner.cfg.micro_batch_size
     model, optimizer = learner.model, learner.optimizer
+    rank, world = learner.rank, learner.world
     saved_lr = [g["lr"] for g in optimizer.param_groups]
     for g in optimizer.param_groups:
         g["lr"] = ws.lr
-    rows: list[dict[str, Any]] = []
+    done = 0
     t_start = time.perf_counter()
     model.train()
     try:
@@ -67,16 +100,20 @@ def sft_train(learner: Learner, trajectories: Sequence[Trajectory], ws: WarmStar
                 t0 = time.perf_counter()
                 step = batch.select(chunk)
                 n_policy = float(step.loss_mask.sum())
+                slices = [slice(i, i + micro) for i in range(0, len(step), micro)]
+                mine = slices[rank::world]
                 total = 0.0
-                for sl in range(0, len(step), micro):
-                    mb = Learner._trim(step.select(slice(sl, sl + micro)))  # drop padding columns
-                    stats = token_logprobs_and_stats(model, mb.input_ids.to(learner.device),
-                                                     mb.attention_mask.to(learner.device), 1.0,
-                                                     positions=mb.loss_mask.to(learner.device))
-                    loss = sft_loss(stats.logprobs.cpu(), mb.loss_mask, n_policy)
-                    loss.backward()
-                    total += loss.item()
+                for i in range(-(-len(slices) // world)):
+                    real = i < len(mine)
+                    mb = Learner._trim(step.select(mine[i] if real else slices[0]))  # drop padding columns
+                    loss = sft_loss(_policy_logprobs(learner, mb).cpu(), mb.loss_mask, n_policy)
+                    # FSDP averages gradients over ranks; the divisor already counts the whole step
+                    (loss * (world if real else 0.0)).backward()
+                    total += loss.item() if real else 0.0
+                total = learner._all_reduce(torch.tensor(total, dtype=torch.float64)).item()
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), learner.cfg.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):  # sharded (FSDP2) parameters: a DTensor norm
+                    grad_norm = grad_norm.full_tensor()
                 if not torch.isfinite(grad_norm):
                     optimizer.zero_grad(set_to_none=True)
                     raise FloatingPointError(f"non-finite gradient norm in the warm start (lr {ws.lr})")
@@ -84,23 +121,18 @@ def sft_train(learner: Learner, trajectories: Sequence[Trajectory], ws: WarmStar
                 optimizer.zero_grad(set_to_none=True)
                 learner.global_step += 1
                 elapsed = time.perf_counter() - t0
-                row = {"step": len(rows), "stage": "sft", "epoch": epoch, "loss": total, "sft_loss": total,
+                done += 1
+                yield {"step": done - 1, "stage": "sft", "epoch": epoch, "loss": total, "sft_loss": total,
                        "perplexity": math.exp(min(total, 50.0)), "grad_norm": grad_norm.item(),
                        "policy_tokens": int(n_policy), "num_tokens": step.num_tokens,
                        "tokens_per_s": step.num_tokens / elapsed if elapsed > 0 else None,
                        "sft_step_s": elapsed, "wall_s": time.perf_counter() - t_start}
-                rows.append(row)
-                if on_step is not None:
-                    on_step(row)
-                if should_stop is not None and should_stop():
-                    return rows
     finally:
         for g, lr in zip(optimizer.param_groups, saved_lr):
             g["lr"] = lr
         optimizer.state.clear()  # RL's Adam moments start fresh, not scaled by SFT gradients
-        if rows:  # new weights, a new version: rollout engines still on the old one pull these
+        if done:  # new weights, a new version: rollout engines still on the old one pull these
             learner.version += 1
-    return rows
 
 
 def check_warm_start(cfg: Config) -> None:
@@ -201,10 +233,11 @@ async def _run_sft(plan: Any) -> int:
     from agentrl.sandboxes import make_pool
     from agentrl.stages import Stages
     from agentrl.trainer.checkpoint import save_checkpoint
+    from agentrl.trainer.distributed import make_learner
 
     cfg, run_dir = plan.config, plan.run_dir
-    learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature,
-                      reward_cfg=cfg.reward)
+    learner = make_learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature,
+                           reward_cfg=cfg.reward)
     pool = make_pool(cfg.sandbox, run_id=run_dir.name, name=f"{cfg.env.name}-sft")
     await pool.start()
     stages = None
@@ -222,6 +255,8 @@ async def _run_sft(plan: Any) -> int:
         if stages is not None:
             await stages.close()
         await pool.close()
+        if hasattr(learner, "close"):  # trainer.num_learners > 1: the rank processes
+            learner.close()
     report = write_report(run_dir)
     print(f"[agentrl] run directory: {run_dir}  report: {report / 'index.html'}")
     return 0

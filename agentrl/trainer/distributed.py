@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from agentrl.config import RewardConfig, TrainerConfig
+from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -154,6 +154,7 @@ def _worker(rank: int, world: int, port: int, conn: Any, model: Any, cfg: Traine
     device = f"cuda:{rank}" if dist.get_backend() == "nccl" else "cpu"
     try:
         learner = ShardedLearner(model, cfg, temperature, reward_cfg, device)
+        sft: Any = None  # the warm start's step generator, between "sft_begin" and "sft_end"
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
@@ -170,6 +171,16 @@ def _worker(rank: int, world: int, port: int, conn: Any, model: Any, cfg: Traine
                 result = learner.load_training_state(arg)
             elif cmd == "memory":
                 result = shard_bytes(learner)
+            elif cmd == "sft_begin":  # the warm start, one optimizer step per "sft_next"
+                from agentrl.sft import sft_steps
+
+                sft = sft_steps(learner, *arg)
+                result = None
+            elif cmd == "sft_next":
+                result = next(sft, None)
+            elif cmd == "sft_end":  # restores the RL learning rate, clears Adam's moments
+                sft.close()
+                result = None
             else:
                 raise ValueError(f"unknown learner command {cmd!r}")
             conn.send(("ok", (result, learner.version, learner.global_step)))
@@ -250,6 +261,18 @@ class DistributedLearner:
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         self._call("load_training_state", state)
+
+    def sft_steps(self, batch: TrainBatch, ws: WarmStartConfig, micro_batch_size: int | None = None
+                  ) -> Iterator[dict[str, Any]]:
+        """`agentrl.sft.sft_steps` on every rank, one optimizer step per item (rank 0's metrics);
+        closing it early ends the warm start on the ranks as closing the local one does."""
+        self._call("sft_begin", (batch, ws, micro_batch_size))
+        try:
+            while (row := self._call("sft_next")) is not None:
+                yield row
+        finally:
+            if self._procs:  # not after a rank's error (close() already ran)
+                self._call("sft_end")
 
     def shard_bytes(self) -> list[dict[str, int]]:
         """Per rank: bytes of its weight and optimizer shards."""

@@ -14,6 +14,7 @@ from agentrl.config import TrainerConfig, load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
 from agentrl.models import load_tokenizer, resolve_model
+from agentrl.sft import sft_train
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.trainer.distributed import DistributedLearner, make_learner
 from agentrl.trainer.learner import Learner
@@ -170,3 +171,42 @@ async def test_sharded_push_gives_the_engine_the_single_learners_logprobs(tmp_pa
     print(f"engine log-probs N=2 vs N=1 over {len(diffs)} tokens: max |Δ| {max(diffs):.3g}; vs base {changed:.3g}")
     assert max(diffs) <= 1e-5
     assert changed > 1e-4
+
+
+@pytest.mark.slow
+def test_warm_start_on_sharded_learners_equals_one_learner(tmp_path):
+    """trainer.warm_start with trainer.num_learners=2: the SFT steps (data parallel over the ranks,
+    stopped early by should_stop as Ctrl-C does) and the RL step after them give one learner's
+    losses and weights; the RL learning rate and a fresh Adam state come back on the ranks."""
+    path = tmp_path / "tiny"
+    tiny_llama(0).save_pretrained(path)
+    trajs = [t for g in on_policy_groups(7) for t in g.trajectories]
+    rl_batch = on_policy_groups(8)
+    results = {}
+    for n in (1, 2):
+        cfg = config(path, f"trainer.num_learners={n}", "trainer.warm_start.enabled=true",
+                     "trainer.warm_start.lr=1e-3", "trainer.warm_start.batch_size=3", "trainer.warm_start.epochs=2",
+                     "trainer.micro_batch_size=1")  # accepted: config.py no longer refuses warm start with N > 1
+        learner = make_learner(path, cfg.trainer, temperature=cfg.sampling.temperature)
+        try:
+            seen: list[dict] = []
+            rows = sft_train(learner, trajs, cfg.trainer.warm_start, on_step=seen.append,
+                             should_stop=lambda seen=seen: len(seen) >= 3)
+            after_sft = learner.state_dict_for_inference()
+            assert (learner.version, learner.global_step) == (1, 3)
+            m = learner.step(copy.deepcopy(rl_batch))
+            results[n] = rows, after_sft, m, learner.state_dict_for_inference()
+        finally:
+            if n == 2:
+                learner.close()
+    (rows1, sft1, m1, w1), (rows2, sft2, m2, w2) = results[1], results[2]
+    assert [r["step"] for r in rows2] == [0, 1, 2] and [r["policy_tokens"] for r in rows2] == [
+        r["policy_tokens"] for r in rows1]
+    for a, b in zip(rows1, rows2):
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
+    assert rows2[-1]["loss"] < rows2[0]["loss"]  # it learns the data
+    sft_diff = max((sft2[k] - sft1[k]).abs().max().item() for k in sft1)
+    rl_diff = max((w2[k] - w1[k]).abs().max().item() for k in w1)
+    print(f"warm start N=2 vs N=1: max |Δparam| after SFT {sft_diff:.3g}, after the RL step {rl_diff:.3g}")
+    assert sft_diff <= 1e-5 and rl_diff <= 1e-5
+    assert m1["lr"] == m2["lr"] == 1e-3 and abs(m1["loss"] - m2["loss"]) < 1e-5
