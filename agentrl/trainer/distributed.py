@@ -111,6 +111,20 @@ class ShardedLearner(Learner):
         state.update(model=model_sd, optimizer=optim_sd)
         return state
 
+    def _named_optimizer_state(self, optim: dict[str, Any]) -> dict[str, Any]:
+        """A single learner's checkpoint keys Adam's state by parameter index (torch's own
+        state_dict), the sharded one by parameter name: both optimizers hold the trainable
+        parameters in `model.parameters()` order, so indices map to names one to one."""
+        ids = [i for g in optim["param_groups"] for i in g["params"]]
+        if all(isinstance(i, str) for i in ids):
+            return optim
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        if len(ids) != len(names):
+            raise KeyError(f"checkpoint optimizer holds {len(ids)} parameters, the model trains {len(names)}")
+        name = dict(zip(ids, names))
+        return {"state": {name[i]: s for i, s in optim["state"].items()},
+                "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in optim["param_groups"]]}
+
     def load_training_state(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -118,7 +132,8 @@ class ShardedLearner(Learner):
         if missing:
             raise KeyError(f"training state lacks {sorted(missing)}")
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+                       optim_state_dict=self._named_optimizer_state(state["optimizer"]),
+                       options=StateDictOptions(full_state_dict=True))
         # set_state_dict shards the tensors into new DTensors but keeps unsharded entries (Adam's
         # `step` counts) as given. The driver's state reaches every rank through a pipe that shares
         # tensor memory, so without a copy all ranks would step one shared counter (twice per step).

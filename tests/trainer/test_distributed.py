@@ -210,3 +210,39 @@ def test_warm_start_on_sharded_learners_equals_one_learner(tmp_path):
     print(f"warm start N=2 vs N=1: max |Δparam| after SFT {sft_diff:.3g}, after the RL step {rl_diff:.3g}")
     assert sft_diff <= 1e-5 and rl_diff <= 1e-5
     assert m1["lr"] == m2["lr"] == 1e-3 and abs(m1["loss"] - m2["loss"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_checkpoints_move_between_one_and_two_learners(tmp_path):
+    """A single learner's checkpoint (Adam state keyed by index) resumes on N=2 sharded ranks, and
+    theirs (keyed by name) on a single learner; the next step equals the uninterrupted single run
+    within the N=2 vs N=1 tolerance (1e-5: the ranks sum gradients in another order)."""
+    path = tmp_path / "tiny"
+    tiny_llama(0).save_pretrained(path)
+    batches = [on_policy_groups(21), on_policy_groups(22)]
+    one = config(path, "trainer.num_learners=1", "trainer.micro_batch_size=1").trainer
+    two = config(path, "trainer.num_learners=2", "trainer.micro_batch_size=1").trainer
+
+    single = make_learner(path, one)
+    single.step(copy.deepcopy(batches[0]))
+    from_one = save_checkpoint(tmp_path / "one", single, extra={"step": 1})
+    single.step(copy.deepcopy(batches[1]))
+    straight = single.state_dict_for_inference()
+
+    sharded = make_learner(path, two)
+    try:
+        load_checkpoint(from_one, sharded)
+        from_two = save_checkpoint(tmp_path / "two", sharded, extra={"step": 1})
+        sharded.step(copy.deepcopy(batches[1]))
+        one_to_two = sharded.state_dict_for_inference()
+    finally:
+        sharded.close()
+    resumed = make_learner(path, one)
+    load_checkpoint(from_two, resumed)
+    assert (resumed.version, resumed.global_step) == (1, 1)
+    resumed.step(copy.deepcopy(batches[1]))
+    two_to_one = resumed.state_dict_for_inference()
+    for label, w in (("1->2", one_to_two), ("2->1", two_to_one)):
+        diff = max((w[k] - straight[k]).abs().max().item() for k in straight)
+        print(f"resume {label}: max |Δparam| vs the uninterrupted single learner {diff:.3g}")
+        assert diff <= 1e-5, label
