@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
+from agentrl.heap import trim_heap
 from agentrl.types import Trajectory
 
 
@@ -174,6 +175,7 @@ class HeldOutEvaluator:
         views = getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
         load = getattr(self.engine, "share_weights", self.engine.load_weights)
         await load(views, learner.version)
+        trim_heap()  # the first time, the engine's own weights were just freed
         trajs: list[Trajectory] = []
         status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
         async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):

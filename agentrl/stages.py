@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
+from agentrl.heap import trim_heap
 from agentrl.types import Task, Trajectory
 
 
@@ -134,6 +135,7 @@ class Stages:
                 raise StopTraining
             self.warm_done = True
             self.warm_data = []
+            trim_heap()  # the warm start's Adam moments and data are freed: RL starts from a lean process
             last = self.warm_rows[-1]
             _say(self.cfg, f"warm start done: {len(self.warm_rows)} steps, loss {last['loss']:.3f}")
             checkpoint({"warm_start_done": True})

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config import Config
+from agentrl.heap import trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
@@ -151,7 +152,9 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
 
 
 def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
-    return learner.step(groups)
+    metrics = learner.step(groups)
+    trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
+    return metrics
 
 
 def _weights_to_push(learner: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ its predecessor sees the failed call at once, skips it and resends to the next s
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hashlib
 import math
@@ -167,9 +166,10 @@ class Relay:
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._forwarder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        # The buffer of the version last superseded, reused by the next push: two buffers in all,
-        # the peak a push needs anyway (the new version fills while the old one is served).
-        self._retired: collections.deque[torch.Tensor] = collections.deque(maxlen=1)
+        # One host buffer at rest: the complete version's. A push fills a new one while the old
+        # is still served (two, briefly), and the old one is freed once superseded and no worker
+        # is still copying from it; keeping it as a spare would hold a third copy of the weights
+        # in a one-process run for the whole of every learner step (issue 16's memory budget).
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "buffers_allocated": 0}
 
@@ -185,9 +185,7 @@ class Relay:
             self._enqueue_all(self._complete.version, self._n_chunks(self._complete.nbytes))
 
     def _buffer(self, size: int) -> torch.Tensor:
-        """A host buffer of `size` bytes: a retired one when it fits, else a new one."""
-        if len(self._retired) == self._retired.maxlen and self._retired[0].numel() == size:
-            return self._retired.popleft()
+        """A new host buffer of `size` bytes (large: the allocator maps it, and unmaps it on free)."""
         self.stats["buffers_allocated"] += 1
         return torch.empty(size, dtype=torch.uint8)
 
@@ -251,8 +249,6 @@ class Relay:
         for v in [v for v in self._incoming if v < version]:  # superseded partial versions
             del self._incoming[v]
         if self._complete is None or version > self._complete.version:
-            if self._complete is not None:
-                self._retired.append(self._complete.flat)
             self._complete = WeightSnapshot(version, inc.specs, inc.flat)
             self.stats["received_versions"].append(version)
             self.stats["broadcast_s"][version] = time.perf_counter() - inc.started

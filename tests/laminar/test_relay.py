@@ -154,15 +154,25 @@ async def test_push_must_advance_the_version():
     await rt.shutdown()
 
 
-async def test_relays_reuse_their_host_buffers():
-    """Six versions of the same shapes: every relay allocates two buffers (the complete one and
-    the one the next version fills) and reuses them after, and each version arrives intact."""
+async def test_relays_hold_one_host_buffer_at_rest():
+    """Six versions: each arrives intact, and a superseded version's buffer is freed (no spare
+    kept) unless a worker still holds its snapshot, whose data stays intact meanwhile."""
+    import weakref
+
     rt, chain, relays = await _chain(["m", "a"])
+    held = None
     for v in range(1, 7):
         sd = _weights(seed=v)
         await chain.push(sd, v)
         await _wait_version(relays, v)
         snap = await relays[1].fetch_latest(have_version=v - 1, policy="local")
         assert all(torch.equal(snap.state_dict()[k], sd[k]) for k in sd)
-    assert [(await r.get_stats())["buffers_allocated"] for r in relays] == [2, 2]
+        if v == 3:
+            held, held_sd = snap, sd  # a worker still copying version 3 while 4.. arrive
+        elif v < 6:
+            gone = weakref.ref(snap.flat)
+            del snap
+    assert gone() is None  # version 5's buffer was freed when 6 completed
+    assert all(torch.equal(held.state_dict()[k], held_sd[k]) for k in held_sd)
+    assert [(await r.get_stats())["buffers_allocated"] for r in relays] == [6, 6]
     await rt.shutdown()
