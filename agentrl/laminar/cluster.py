@@ -5,18 +5,23 @@
 
 Both are plain picklable objects holding the config. `NodeEnvFactory` hands each env the sandbox
 pool actor of the node its worker runs on (`agentrl-sandbox-pool-<node id>`, started by
-`start_pools`), so tool calls never cross nodes.
+`start_pools`), so tool calls never cross nodes. That actor (`OwnedSandboxPool`) records which OS
+process holds each lease and takes back the sandboxes of a process that died holding them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from agentrl.config import Config
+from agentrl.laminar.runtime import process_start_time
+from agentrl.sandboxes.ray_pool import ACTOR_PREFIX, NodePoolClient, RaySandbox, SandboxPoolActor
 
 
 def current_node() -> str:
@@ -60,10 +65,76 @@ class NodeEnvFactory:
         return self.env_builder(self.cfg, node_pool() if self.pools else None)
 
 
+class OwnedSandboxPool(SandboxPoolActor):
+    """A node's sandbox pool actor that also takes back the sandboxes of a process that died holding
+    them: a SIGKILLed rollout worker never returns its leases, and a pool of `sandbox.pool_size`
+    would shrink by as many for the rest of the run (the survivors' envs then wait forever in
+    `pool.get()`). Each lease records the OS process that took it (its pid and start time: the
+    pool and its clients share a node); every `reap_interval_s` the leases of processes that are
+    gone go back to the pool, reset as on a normal return."""
+
+    def __init__(self, cfg: Any, run_id: str | None = None, name: str = "ray", size: int | None = None,
+                 reap_interval_s: float = 1.0) -> None:
+        super().__init__(cfg, run_id=run_id, name=name, size=size)
+        self.owners: dict[str, tuple[int, str]] = {}  # lease id -> (pid, start time) of its holder
+        self.reclaimed = 0
+        self.reap_interval_s = reap_interval_s
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        host = await super().start()
+        if os.path.isdir("/proc") and self._reaper is None:
+            self._reaper = asyncio.ensure_future(self._reap_loop())
+        return host
+
+    async def acquire_for(self, pid: int, timeout: float | None = None) -> str:
+        """`acquire` on behalf of process `pid` of this node: its leases come back if it dies."""
+        born = process_start_time(pid)
+        lease_id = await self.acquire(timeout)
+        if born is not None:
+            self.owners[lease_id] = (pid, born)
+        return lease_id
+
+    async def release(self, lease_id: str) -> None:
+        self.owners.pop(lease_id, None)
+        await super().release(lease_id)
+
+    async def reap(self) -> int:
+        """Take back the leases of processes that are gone; how many."""
+        dead = [lease for lease, (pid, born) in self.owners.items() if process_start_time(pid) != born]
+        for lease in dead:
+            with contextlib.suppress(Exception):  # a sandbox that fails its reset is replaced by the pool
+                await self.release(lease)
+        self.reclaimed += len(dead)
+        return len(dead)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reap_interval_s)
+            with contextlib.suppress(Exception):
+                await self.reap()
+
+    def metrics(self) -> dict[str, Any]:
+        return {**super().metrics(), "reclaimed": self.reclaimed}
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        self.owners.clear()
+        await super().close()
+
+
+class OwnedPoolClient(NodePoolClient):
+    """`NodePoolClient` whose leases are taken in this process's name (see `OwnedSandboxPool`)."""
+
+    async def get(self, timeout: float | None = None) -> RaySandbox:
+        lease_id = await self.actor.acquire_for.remote(os.getpid(), timeout)
+        self.leases += 1
+        return RaySandbox(self.actor, lease_id)
+
+
 def node_pool() -> Any:
     """The pool client of the sandbox pool actor on this process's node."""
-    from agentrl.sandboxes.ray_pool import ACTOR_PREFIX, NodePoolClient
-
     node = current_node()
     if node not in _NODE_POOLS:
         import ray
@@ -72,24 +143,35 @@ def node_pool() -> Any:
             actor = ray.get_actor(f"{ACTOR_PREFIX}-{node}")
         except ValueError as e:
             raise RuntimeError(f"no sandbox pool actor on node {node}; start_pools() starts one per node") from e
-        _NODE_POOLS[node] = NodePoolClient(actor, node)
+        _NODE_POOLS[node] = OwnedPoolClient(actor, node)
     return _NODE_POOLS[node]
+
+
+def start_node_pools(cfg: Any, run_id: str | None = None, num_cpus: float = 0) -> dict[str, Any]:
+    """`agentrl.sandboxes.ray_pool.start_node_pools` with `OwnedSandboxPool` actors: one per alive
+    node, pinned there and named `agentrl-sandbox-pool-<node id>`."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cfg_dict = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    if not nodes:
+        raise RuntimeError("no alive Ray nodes to place sandbox pools on")
+    actor_cls = ray.remote(num_cpus=num_cpus)(OwnedSandboxPool)
+    actors = {node: actor_cls.options(name=f"{ACTOR_PREFIX}-{node}", get_if_exists=True,
+                                      scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+              .remote(cfg_dict, run_id=run_id, name=f"ray-{node[:8]}") for node in nodes}
+    ray.get([a.start.remote() for a in actors.values()])
+    return actors
 
 
 async def start_pools(cfg: Config, run_id: str) -> dict[str, Any]:
     """One sandbox pool actor per alive node (CPUs from `laminar.pool_num_cpus`)."""
-    import asyncio
-
-    from agentrl.sandboxes.ray_pool import start_node_pools
-
-    return await asyncio.to_thread(start_node_pools, cfg.sandbox, run_id=run_id,
-                                   num_cpus=cfg.laminar.pool_num_cpus)
+    return await asyncio.to_thread(start_node_pools, cfg.sandbox, run_id=run_id, num_cpus=cfg.laminar.pool_num_cpus)
 
 
 async def stop_pools(pools: dict[str, Any]) -> None:
     """Close every pool (its sandboxes go) and end the actors."""
-    import asyncio
-
     import ray
 
     for actor in pools.values():
@@ -127,6 +209,8 @@ async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
     from agentrl.laminar.loop import ray_runtime
 
     runtime = ray_runtime(cfg)
+    if runtime.reaper is not None:  # a driver crash also takes this run's sandboxes (Docker: by label)
+        runtime.reaper.watch_run(run_id, docker=cfg.sandbox.backend == "docker")
     pools: dict[str, Any] = {}
     try:
         pools = await start_pools(cfg, run_id)

@@ -12,7 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import Callable
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,8 +107,11 @@ class RayHandle:
         remote = getattr(self._actor, method).remote
 
         async def call(*args: Any, **kwargs: Any) -> Any:
+            import ray
             import ray.exceptions
 
+            if not ray.is_initialized():  # a call after shutdown would start a fresh cluster (auto-init)
+                raise ActorDied(f"{self.name}: Ray is shut down")
             try:
                 return await remote(*args, **kwargs)
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
@@ -182,11 +192,14 @@ class RayRuntime:
         import ray
 
         self.started_ray = not ray.is_initialized()  # then `close()` ends the cluster it started
+        self.reaper: Reaper | None = None
         if self.started_ray:
             if address not in (None, "local"):  # join a running cluster ("auto", "ray://...")
                 ray.init(address=address, runtime_env=runtime_env)
-            else:  # a cluster of this machine alone, for this process
-                ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env)
+            else:  # a cluster of this machine alone, for this process: it must not outlive it
+                self.reaper = Reaper()
+                with self.reaper.marking():
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env)
         self.handles: list[RayHandle] = []
 
     def close(self) -> None:
@@ -195,6 +208,9 @@ class RayRuntime:
 
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
+        if self.reaper is not None:  # sweeps what `ray.shutdown` left behind, then exits
+            self.reaper.close()
+            self.reaper = None
 
     def spawn(self, cls: type, *args: Any, name: str, resources: Resources | None = None,
               **kwargs: Any) -> RayHandle:
@@ -234,6 +250,188 @@ class RayRuntime:
         self.handles.clear()
 
 
+REAP_ENV = "AGENTRL_RAY_REAP"
+
+
+class Reaper:
+    """Ends every process of a `--ray local` cluster once the driver that started it is gone, also
+    when the driver is SIGKILLed. Ray shares the fate of its GCS and raylet with the driver
+    (PR_SET_PDEATHSIG) and workers exit with their raylet, but its dashboard and runtime-env agents
+    hang on for a minute or more trying to report to the dead GCS.
+
+    The reaper is a small process of its own session holding the read end of a pipe from the
+    driver. It is told the processes `ray.init` started (the driver's new children) and follows
+    their process tree (pid and start time, re-read every 0.5 s: what Ray starts later, agents and
+    actor workers, descends from the raylet); processes that still show `AGENTRL_RAY_REAP=<token>`
+    in their environment count too (Ray's `setproctitle` overwrites that area in many of them, so
+    the tree is what holds). When the pipe closes or the driver's pid is gone it SIGKILLs them all
+    (sandboxes started by those processes go with them: bwrap runs with `--die-with-parent`).
+    After a crash it also removes leftover local sandbox dirs, and the Docker sandboxes of runs
+    named with `watch_run(..., docker=True)`.
+    """
+
+    def __init__(self) -> None:
+        self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        env = {k: v for k, v in os.environ.items() if k != REAP_ENV}
+        # -I: stdlib only, nothing from the script's folder; DEVNULL: never hold a caller's pipes open
+        self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--reap", str(os.getpid()),
+                                      self.token], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
+
+    @contextlib.contextmanager
+    def marking(self) -> Iterator[None]:
+        """Processes started inside the block (Ray's, and what they start) belong to the cluster:
+        they carry the token, and the reaper follows their process tree."""
+        old = os.environ.get(REAP_ENV)
+        before = set(_children(os.getpid()))
+        os.environ[REAP_ENV] = self.token
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(REAP_ENV, None)
+            else:
+                os.environ[REAP_ENV] = old
+            roots = sorted(set(_children(os.getpid())) - before)
+            if roots:
+                self._send("roots " + " ".join(map(str, roots)))
+
+    def watch_run(self, run_id: str, docker: bool = False) -> None:
+        """After a crash, also prune the sandboxes of `run_id` (Docker containers when `docker`)."""
+        self._send(f"run {run_id} {int(docker)}")
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+
+    def close(self, timeout_s: float = 15.0) -> None:
+        """A clean end: the reaper kills what is left of the cluster (nothing, normally) and exits."""
+        self._send("bye")
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (None: gone or a zombie), so a reused pid is not mistaken."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == b"Z" else fields[19].decode()
+
+
+def _table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every live, non-zombie process."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            out[int(name)] = (int(fields[1]), fields[19].decode())
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    return [p for p, (ppid, _) in _table().items() if ppid == pid]
+
+
+def _follow(tracked: dict[int, str]) -> None:
+    """Update `tracked` (pid -> start time): drop the processes that are gone, add descendants."""
+    table = _table()
+    for pid, born in list(tracked.items()):
+        if pid not in table or table[pid][1] != born:
+            del tracked[pid]
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, born) in table.items():
+            if ppid in tracked and pid not in tracked and pid != os.getpid():
+                tracked[pid] = born
+                grew = True
+
+
+def _marked(mark: bytes) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out.append(int(name))
+        except OSError:  # gone, or not ours
+            continue
+    return out
+
+
+def _reap(driver: int, token: str) -> None:
+    """The reaper process (see `Reaper`)."""
+    born = process_start_time(driver)
+    runs: list[tuple[str, bool]] = []
+    tracked: dict[int, str] = {}  # Ray's processes: pid -> start time
+    pending, clean = b"", False
+    fd = sys.stdin.fileno()
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        _follow(tracked)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                words = line.decode().split()
+                if words[:1] == ["run"] and len(words) == 3:
+                    runs.append((words[1], words[2] == "1"))
+                if words[:1] == ["roots"]:
+                    tracked.update((int(w), t) for w in words[1:] if (t := process_start_time(int(w))) is not None)
+                    _follow(tracked)
+                clean = clean or words == ["bye"]
+        elif born is None or process_start_time(driver) != born:  # also when a forked child still holds the pipe
+            break
+    mark = f"{REAP_ENV}={token}".encode()
+    killed: set[int] = set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        _follow(tracked)
+        pids = sorted(set(tracked) | set(_marked(mark)))
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        killed.update(pids)
+        time.sleep(0.2)
+    if clean:
+        return
+    # after a crash: the local sandbox dirs of the dead processes (a zombie still counts as alive for
+    # `prune_local_dirs`, so those of the processes killed here and of the driver go by pid) and the
+    # Docker sandboxes of the watched runs
+    code = ("import contextlib, glob, sys, tempfile\nfrom pathlib import Path\nfrom agentrl.sandboxes import admin\n"
+            "from agentrl.sandboxes.local import TEMP_PREFIX, _force_rmtree\n"
+            "for pid in sys.argv[1].split(','):\n"
+            "    for path in glob.glob(f'{tempfile.gettempdir()}/{TEMP_PREFIX}{pid}-*'):\n"
+            "        with contextlib.suppress(Exception): _force_rmtree(Path(path))\n"
+            "with contextlib.suppress(Exception): admin.prune_local_dirs()\n"
+            "for run in sys.argv[2:]:\n    with contextlib.suppress(Exception): admin.prune(run_id=run)\n")
+    dead = ",".join(map(str, sorted(killed | {driver})))
+    with contextlib.suppress(Exception):
+        subprocess.run([sys.executable, "-c", code, dead, *(r for r, docker in runs if docker)], timeout=300,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def make_runtime(kind: str = "local", address: str | None = None, num_cpus: int | None = 2) -> Runtime:
     if kind == "local":
         return LocalRuntime()
@@ -256,3 +454,7 @@ async def gather_alive(calls: dict[str, Any]) -> tuple[dict[str, Any], list[str]
         else:
             ok[n] = o
     return ok, dead
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--reap"]:
+    _reap(int(sys.argv[2]), sys.argv[3])

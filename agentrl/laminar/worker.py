@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -178,6 +179,10 @@ class RolloutWorker:
         from agentrl.laminar.cluster import current_node
 
         return current_node()
+
+    async def pid(self) -> int:
+        """The OS process this worker runs in (on Ray: its actor's worker process; chaos tests kill it)."""
+        return os.getpid()
 
     async def set_relay(self, relay: Any) -> None:
         """Before `start`: fetch weights from this relay (the one on this worker's node)."""

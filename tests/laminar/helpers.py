@@ -169,3 +169,85 @@ def kill_first_busy_worker(system: Any, kill: Any, killed: dict[str, Any]) -> An
                 return
 
     return on_step
+
+
+# -- the process table, for the chaos tests (Linux /proc) ----------------------------------------
+
+CHAOS_TAG = "AGENTRL_CHAOS_TAG"  # set in a run's environment: every process it starts inherits it
+
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every live, non-zombie process."""
+    import os
+
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if fields[0] != b"Z":
+            out[int(name)] = (int(fields[1]), cmd)
+    return out
+
+
+def tagged_pids(tag: str) -> dict[int, str]:
+    """The live processes (other than this one) started with CHAOS_TAG=tag in their environment:
+    Ray's GCS, raylet, agents and workers inherit it from the driver."""
+    import os
+
+    mark = f"{CHAOS_TAG}={tag}".encode()
+    out = {}
+    for pid, (_, cmd) in process_table().items():
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    out[pid] = cmd
+        except OSError:
+            continue
+    return out
+
+
+def bwrap_under(roots: set[int], table: dict[int, tuple[int, str]] | None = None) -> set[int]:
+    """The bubblewrap sandboxes among the descendants of `roots` (bwrap clears its environment,
+    so it is found by ancestry, not by tag)."""
+    table = process_table() if table is None else table
+    found: set[int] = set()
+    for pid, (_, cmd) in table.items():
+        if not cmd.startswith("bwrap"):
+            continue
+        p = pid
+        while p in table and p > 1:
+            p = table[p][0]
+            if p in roots:
+                found.add(pid)
+                break
+    return found
+
+
+def still_alive(pids: set[int], snapshot: dict[int, tuple[int, str]]) -> set[int]:
+    """Those of `pids` that still run the command they ran in `snapshot` (a reused pid does not count)."""
+    now = process_table()
+    return {p for p in pids if p in now and now[p][1] == snapshot[p][1]}
+
+
+def descendants(roots: set[int], table: dict[int, tuple[int, str]] | None = None) -> set[int]:
+    """Every live descendant of `roots` (Ray's `setproctitle` overwrites the environment area of
+    many of its processes, so a tag there is not enough: the process tree finds them all)."""
+    table = process_table() if table is None else table
+    found: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _) in table.items():
+            if (ppid in roots or ppid in found) and pid not in found and pid not in roots:
+                found.add(pid)
+                grew = True
+    return found
