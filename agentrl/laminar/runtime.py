@@ -197,8 +197,8 @@ class RayRuntime:
             if address not in (None, "local"):  # join a running cluster ("auto", "ray://...")
                 ray.init(address=address, runtime_env=runtime_env)
             else:  # a cluster of this machine alone, for this process: it must not outlive it
-                self.reaper = Reaper()
-                with self.reaper.marking():
+                self.reaper = Reaper() if os.path.isdir("/proc") else None  # Linux (bubblewrap's home)
+                with self.reaper.marking() if self.reaper is not None else contextlib.nullcontext():
                     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=runtime_env)
         self.handles: list[RayHandle] = []
 
@@ -277,6 +277,7 @@ class Reaper:
         self.proc = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "--reap", str(os.getpid()),
                                       self.token], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True, cwd=os.getcwd())
+        _REAPERS.append(self)  # the pipe must not close with a dropped runtime object while Ray runs
 
     @contextlib.contextmanager
     def marking(self) -> Iterator[None]:
@@ -315,6 +316,11 @@ class Reaper:
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        if self in _REAPERS:
+            _REAPERS.remove(self)
+
+
+_REAPERS: list[Reaper] = []
 
 
 def process_start_time(pid: int) -> str | None:
