@@ -43,6 +43,7 @@ SKIP_DIRS = frozenset({"docs", "doc", "build", "dist", "examples", "benchmarks",
                        "tools", "ci", ".github", ".git"})
 SKIP_FILES = frozenset({"setup.py", "versioneer.py", "_version.py", "conftest.py", "noxfile.py", "__main__.py"})
 TEST_EXTRAS = ("test", "tests", "testing", "dev")
+TOX_FACTOR = re.compile(r"^[\w.{},!-]+:\s")
 NOT_NEEDED = re.compile(r"^(pytest-cov|coverage|pytest-xdist|tox|flake8|black|mypy|ruff|pre-commit|sphinx)\b",
                         re.I)
 
@@ -158,6 +159,8 @@ def test_requirements(root: Path) -> list[str]:
     out = []
     for r in reqs:
         r = r.split("#")[0].strip()
+        if TOX_FACTOR.match(r):  # tox.ini "django22: Django>=2.2,<2.3": one env's pin, not pip syntax
+            continue
         if r and not r.startswith(("-", "{", ".")) and not NOT_NEEDED.match(r) and r not in out:
             out.append(r)
     return out
@@ -181,11 +184,14 @@ def dockerfile(base_image: str, requirements: list[str], with_ca: bool) -> str:
     `python3` from the default PATH), installed with a throwaway venv's pip. The host's CA bundle is
     used for the build only (machines behind a TLS-intercepting proxy) and not left in the image."""
     reqs = " ".join(f"'{r}'" for r in ["pytest", *requirements])
+    # PIP_CERT as well as --cert: pip's build-isolation subprocess (an sdist-only requirement's
+    # setuptools) reads the environment, not the parent's command line
     cert = "--cert /tmp/host-ca.crt " if with_ca else ""
+    env = "PIP_CERT=/tmp/host-ca.crt " if with_ca else ""
     site = "$(python3 -c 'import site; print(site.getsitepackages()[0])')"
     return (f"FROM {base_image}\n"
             + ("COPY host-ca.crt /tmp/host-ca.crt\n" if with_ca else "")
-            + f"RUN python3 -m venv /tmp/pipenv && /tmp/pipenv/bin/pip install {cert}--no-cache-dir "
+            + f"RUN python3 -m venv /tmp/pipenv && {env}/tmp/pipenv/bin/pip install {cert}--no-cache-dir "
             f"--disable-pip-version-check --target \"{site}\" {reqs} && rm -rf /tmp/pipenv /tmp/host-ca.crt\n"
             "WORKDIR /work\n")
 

@@ -1,6 +1,6 @@
 """The shipped SWE suite (envs/swe/data/suite/): split by whole packages, and a random sample of
-its tasks re-validates from scratch (gold patch 1, empty patch 0) on the real local (bubblewrap)
-and Docker backends. The sample changes with AGENTRL_SWE_SAMPLE_SEED (default: the day)."""
+its tasks re-validates from scratch (gold patch 1, empty patch 0): 20 on the real local (bubblewrap)
+and 5 on the Docker backend. The sample changes with AGENTRL_SWE_SAMPLE_SEED (default: the day)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,19 @@ def package(task: dict) -> str:
     return task["environment_setup"]["package"]
 
 
-def sample(n_packages: int, per_package: int, seed: int) -> list[dict]:
+def sample(n_tasks: int, per_package: int, seed: int) -> list[dict]:
+    """`n_tasks` random tasks, at most `per_package` from each of as few random packages as that
+    takes (every package costs a runtime or image build; some have fewer tasks than that)."""
     rng = random.Random(seed)
-    packages = rng.sample(sorted({package(t) for t in SUITE}), n_packages)
-    return [t for p in packages for t in rng.sample([t for t in SUITE if package(t) == p],
-                                                     min(per_package, sum(package(t) == p for t in SUITE)))]
+    packages = sorted({package(t) for t in SUITE})
+    rng.shuffle(packages)
+    tasks: list[dict] = []
+    for p in packages:
+        group = [t for t in SUITE if package(t) == p]
+        tasks += rng.sample(group, min(per_package, len(group), n_tasks - len(tasks)))
+        if len(tasks) == n_tasks:
+            return tasks
+    raise AssertionError(f"the suite has {len(tasks)} tasks, fewer than {n_tasks}")
 
 
 def revalidate(tasks: list[dict], backend: str, tmp_path: Path) -> list[tuple[str, str]]:
@@ -54,7 +62,7 @@ def revalidate(tasks: list[dict], backend: str, tmp_path: Path) -> list[tuple[st
 
 
 def test_the_suite_is_split_by_package() -> None:
-    assert SUITE, "no shipped suite in envs/swe/data/suite/"
+    assert len(SUITE) >= 500 and len({package(t) for t in SUITE}) >= 20  # issue 18's scale
     splits: dict[str, set[str]] = {}
     for t in SUITE:
         splits.setdefault(package(t), set()).add(t["split"])
@@ -66,12 +74,14 @@ def test_the_suite_is_split_by_package() -> None:
 
 @pytest.mark.slow
 def test_a_random_sample_revalidates_on_local(tmp_path: Path) -> None:
-    tasks = sample(2, 5, SEED)
+    tasks = sample(20, 5, SEED)
+    assert len(tasks) == 20
     assert revalidate(tasks, "local", tmp_path) == [], f"seed {SEED}"
 
 
 @pytest.mark.slow
 @pytest.mark.docker
 def test_a_random_sample_revalidates_on_docker(tmp_path: Path) -> None:
-    tasks = sample(1, 3, SEED + 1)
+    tasks = sample(5, 5, SEED + 1)
+    assert len(tasks) == 5
     assert revalidate(tasks, "docker", tmp_path) == [], f"seed {SEED + 1}"
