@@ -75,7 +75,8 @@ def _policy_logprobs(learner: Learner, mb: TrainBatch) -> Tensor:
     policy = getattr(learner, "policy", None)  # ShardedLearner: PolicyForward(model), the FSDP2 root
     if policy is not None:
         return policy(ids, attn, 1.0, pos, False, False)[0]
-    return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos).logprobs
+    return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos,
+                                    entropy=False, sum_pi_sq=False).logprobs  # SFT needs log π only
 
 
 def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
