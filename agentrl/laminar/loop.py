@@ -339,6 +339,7 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
                                dynamic_sampling=cfg.trainer.dynamic_sampling,
                                max_gen_batches=cfg.trainer.max_gen_batches)
         finally:
+            run_status.watch(None)  # nothing to poll once the actors are gone
             await shutdown(system)
     finally:
         if own:

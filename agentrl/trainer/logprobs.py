@@ -20,7 +20,11 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-CHUNK_TOKENS = 1024  # policy tokens per LM-head chunk: 1024 × V(49152) fp32 = 200 MB of logits
+# Policy tokens per LM-head chunk: 256 × V(49152) fp32 = 50 MB of logits; backward holds about
+# five such tensors per chunk. Measured on 2 rows × 1150 tokens (SmolLM2-135M, checkpointed
+# layers, this CPU): peak activation memory 2.4 GB at 1024 → 1.6 GB at 256, at no cost in speed
+# (fwd+bwd 48 s vs 29 s, interleaved in one process: smaller chunks stay in cache).
+CHUNK_TOKENS = 256
 
 
 @dataclass
