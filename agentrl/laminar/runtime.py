@@ -323,28 +323,29 @@ class Reaper:
 _REAPERS: list[Reaper] = []
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (None: gone or a zombie), so a reused pid is not mistaken."""
+def proc_stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first, parent pid second,
+    start time at index 19); None when the process is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except OSError:
         return None
-    return None if fields[0] == b"Z" else fields[19].decode()
+    return None if fields[0] == b"Z" else fields
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (None: gone or a zombie), so a reused pid is not mistaken."""
+    fields = proc_stat(pid)
+    return None if fields is None else fields[19].decode()
 
 
 def _table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, start time) of every live, non-zombie process."""
     out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != b"Z":
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        fields = proc_stat(name)
+        if fields is not None:
             out[int(name)] = (int(fields[1]), fields[19].decode())
     return out
 

@@ -180,18 +180,17 @@ def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line) of every live, non-zombie process."""
     import os
 
+    from agentrl.laminar.runtime import proc_stat
+
     out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        fields = proc_stat(name)
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if fields[0] != b"Z":
+        if fields is not None:
             out[int(name)] = (int(fields[1]), cmd)
     return out
 

@@ -41,15 +41,10 @@ async def rollout_group(engine, tokenizer, prompt: str, step: int) -> Group:
     return Group(id=trajs[0].group_id, task_id=prompt, trajectories=trajs)
 
 
-async def test_grpo_learns_verifiable_word_on_embedded_model():
-    from agentrl.inference.hf import HFEngine
-    from agentrl.models import resolve_model
-    from agentrl.trainer.learner import Learner
-
-    path = resolve_model("smollm2-135m")
-    engine = HFEngine(path, max_batch_size=GROUP * len(PROMPTS), seed=0)
-    cfg = TrainerConfig(lr=float(os.environ.get("SANITY_LR", 2e-5)), minibatches=1, micro_batch_size=16)
-    learner = Learner(path, cfg, temperature=TEMPERATURE)
+async def train_and_check(learner, engine, label: str) -> list[float]:
+    """STEPS GRPO steps on PROMPTS, the new weights pushed to `engine` after each (merged ones for
+    LoRA); asserts the engine samples what the learner recomputes (tiny rollout/trainer KL) and
+    that the mean reward of the last two steps clearly beats the first two. Closes the engine."""
     curve, log = [], []
     try:
         for step in range(STEPS):
@@ -64,11 +59,23 @@ async def test_grpo_learns_verifiable_word_on_embedded_model():
             print(json.dumps({"step": step, **log[-1]}), flush=True)
     finally:
         await engine.close()
-    # The engine samples exactly the distribution the learner recomputes: tiny rollout/trainer KL.
     trained = [e for e in log if "kl_k3_old_roll" in e]
     assert len(trained) >= STEPS // 2, log
     assert max(e["kl_k3_old_roll"] for e in trained) < 1e-3, log
     k = 2
     first, last = sum(curve[:k]) / k, sum(curve[-k:]) / k
-    print("curve", [round(c, 3) for c in curve], "first", first, "last", last)
+    print(label, [round(c, 3) for c in curve], "first", first, "last", last)
     assert last > first + 0.2, curve
+    return curve
+
+
+async def test_grpo_learns_verifiable_word_on_embedded_model():
+    from agentrl.inference.hf import HFEngine
+    from agentrl.models import resolve_model
+    from agentrl.trainer.learner import Learner
+
+    path = resolve_model("smollm2-135m")
+    engine = HFEngine(path, max_batch_size=GROUP * len(PROMPTS), seed=0)
+    cfg = TrainerConfig(lr=float(os.environ.get("SANITY_LR", 2e-5)), minibatches=1, micro_batch_size=16)
+    learner = Learner(path, cfg, temperature=TEMPERATURE)
+    await train_and_check(learner, engine, "curve")
