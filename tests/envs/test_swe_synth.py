@@ -24,6 +24,7 @@ from agentrl.envs.swe.synth import (
     synthesize,
     unpack,
 )
+from agentrl.envs.swe.synth import test_requirements as requirements_for_tests  # not a test itself
 from agentrl.sandboxes import LocalSandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -90,6 +91,18 @@ def test_layout_and_helpers(tmp_path: Path) -> None:
         parse_spec("toolz>=1")
     text = dockerfile("agentrl-base:bookworm", ["hypothesis"], with_ca=False)
     assert "FROM agentrl-base:bookworm" in text and "'pytest' 'hypothesis'" in text
+    # behind a TLS-intercepting proxy the CA reaches pip's build-isolation subprocess too
+    with_ca = dockerfile("agentrl-base:bookworm", [], with_ca=True)
+    assert "PIP_CERT=/tmp/host-ca.crt /tmp/pipenv/bin/pip install --cert /tmp/host-ca.crt" in with_ca
+
+
+def test_tox_factor_conditional_deps_are_left_out(tmp_path: Path) -> None:
+    # tox.ini pins of one tox env ("django22: Django>=2.2,<2.3", "py{26,27}: ...") are not pip
+    # syntax: passed on, they broke the runtime builds of semantic_version, python-slugify, hyperlink
+    (tmp_path / "tox.ini").write_text("[testenv]\ndeps =\n    pytest-cov\n    hypothesis>=6\n"
+                                      "    django22: Django>=2.2,<2.3\n    py{26,27,py2}: typing==3.7.4\n"
+                                      "    !py27: attrs  # a comment\n    -rrequirements.txt\n")
+    assert requirements_for_tests(tmp_path) == ["hypothesis>=6"]
     fix = "-    if x <= lo:\n+    if x < lo:\n"
     quoting = problem_statement("minilib", ["t.py::a"], {"t.py::a": "SyntaxError near 'if x < lo:'"}, fix)
     assert "`t.py::a`" in quoting and "x < lo" not in quoting  # a message quoting the fix is left out
