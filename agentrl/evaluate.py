@@ -70,6 +70,14 @@ def heldout_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
             "gained": sum(1 for i in ids if a[i] and not b[i]), "lost": sum(1 for i in ids if b[i] and not a[i])}
 
 
+def gain_line(gain: dict[str, Any]) -> str:
+    """One printed line: 'held-out gain warm_start → final: +0.094 (paired 95% CI -0.031 to +0.219;
+    5 tasks gained, 2 lost, n=32)'."""
+    return (f"held-out gain {gain['from']} → {gain['to']}: {gain['gain']:+.3f} (paired 95% CI "
+            f"{gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; {gain['gained']} tasks gained, "
+            f"{gain['lost']} lost, n={gain['n']})")
+
+
 def rl_gain(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What RL added on held-out tasks: the final evaluation against the one after the warm start
     (the base one when there was no warm start), paired over the same tasks."""
@@ -167,14 +175,14 @@ class HeldOutEvaluator:
         import time
 
         t0 = time.perf_counter()
+        from agentrl.laminar.loop import weight_views
         from agentrl.progress import status
         from agentrl.run import is_success
 
         # Views of the learner's weights, not a clone: the learner does not step during an
         # evaluation. An hf engine takes them as its parameters (no second copy of the weights).
-        views = getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
         load = getattr(self.engine, "share_weights", self.engine.load_weights)
-        await load(views, learner.version)
+        await load(weight_views(learner), learner.version)
         trim_heap()  # the first time, the engine's own weights were just freed
         trajs: list[Trajectory] = []
         status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"

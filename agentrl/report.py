@@ -170,14 +170,10 @@ table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px}}</st
 
 def _gain_paragraph(evals: list[dict[str, Any]]) -> str:
     """RL's held-out gain (final against the warm start, or base) with its paired 95% CI."""
-    from agentrl.evaluate import rl_gain
+    from agentrl.evaluate import gain_line, rl_gain
 
     gain = rl_gain(evals)
-    if gain is None:
-        return ""
-    return (f"<p>held-out gain {html.escape(gain['from'])} → {html.escape(gain['to'])}: {gain['gain']:+.3f} "
-            f"(paired 95% CI {gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; {gain['gained']} tasks gained, "
-            f"{gain['lost']} lost, n={gain['n']})</p>")
+    return "" if gain is None else f"<p>{html.escape(gain_line(gain))}</p>"
 
 
 def _fmt(v: Any) -> str:

@@ -247,7 +247,9 @@ class _StagedLearner:
         """What the loop pushes: views where the learner offers them (see laminar.loop)."""
         if status.stage == "learning":  # not the first push of v0, made while rollout starts
             status.stage = "pushing weights"  # until the step callback (after the push) says rollout
-        return getattr(self._learner, "state_dict_views", self._learner.state_dict_for_inference)()
+        from agentrl.laminar.loop import weight_views
+
+        return weight_views(self._learner)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._learner, name)

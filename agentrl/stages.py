@@ -157,7 +157,7 @@ class Stages:
             await self.evaluate("final", step_done)
         out: dict[str, Any] = {}
         if self.evaluator is not None:
-            from agentrl.evaluate import rl_gain
+            from agentrl.evaluate import gain_line, rl_gain
 
             out["heldout"] = self.evaluator.records
             by_phase = {r["phase"]: r for r in self.evaluator.records}
@@ -173,9 +173,7 @@ class Stages:
             gain = rl_gain(self.evaluator.records)
             if gain is not None:
                 out["heldout_gain"] = gain
-                _say(self.cfg, f"held-out gain {gain['from']} → {gain['to']}: {gain['gain']:+.3f} "
-                               f"(paired 95% CI {gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; "
-                               f"{gain['gained']} tasks gained, {gain['lost']} lost, n={gain['n']})")
+                _say(self.cfg, gain_line(gain))
         if self.warm_rows:
             tokens = sum(r["num_tokens"] for r in self.warm_rows)
             train_s = sum(r["sft_step_s"] for r in self.warm_rows)

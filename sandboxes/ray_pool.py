@@ -169,17 +169,19 @@ class NodePoolClient:
         return {"node": self.node, "leases": self.leases}
 
 
-def ray_pool_class(num_cpus: float = 0) -> Any:
+def ray_pool_class(num_cpus: float = 0, pool_cls: type = SandboxPoolActor) -> Any:
     """The `RaySandboxPool` actor class (async actor: many leases served concurrently)."""
     import ray
 
-    return ray.remote(num_cpus=num_cpus)(SandboxPoolActor)
+    return ray.remote(num_cpus=num_cpus)(pool_cls)
 
 
 def start_node_pools(cfg: Any, run_id: str | None = None, size: int | None = None,
-                     nodes: list[str] | None = None, num_cpus: float = 0) -> dict[str, Any]:
+                     nodes: list[str] | None = None, num_cpus: float = 0,
+                     pool_cls: type = SandboxPoolActor) -> dict[str, Any]:
     """One started `RaySandboxPool` actor per alive node (or per node id in `nodes`), pinned there
-    and named `agentrl-sandbox-pool-<node id>` so any process can find it with `ray.get_actor`."""
+    and named `agentrl-sandbox-pool-<node id>` so any process can find it with `ray.get_actor`;
+    `pool_cls` is `SandboxPoolActor` or a subclass (the training loop's `OwnedSandboxPool`)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -187,7 +189,7 @@ def start_node_pools(cfg: Any, run_id: str | None = None, size: int | None = Non
     node_ids = nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     if not node_ids:
         raise SandboxError("no alive Ray nodes to place sandbox pools on")
-    actor_cls = ray_pool_class(num_cpus)
+    actor_cls = ray_pool_class(num_cpus, pool_cls)
     actors = {
         node: actor_cls.options(name=f"{ACTOR_PREFIX}-{node}", get_if_exists=True,
                                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))

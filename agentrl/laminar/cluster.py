@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,7 +20,13 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.laminar.runtime import process_start_time
-from agentrl.sandboxes.ray_pool import ACTOR_PREFIX, NodePoolClient, RaySandbox, SandboxPoolActor
+from agentrl.sandboxes.ray_pool import (
+    ACTOR_PREFIX,
+    NodePoolClient,
+    RaySandbox,
+    SandboxPoolActor,
+    start_node_pools,
+)
 
 
 def current_node() -> str:
@@ -147,27 +152,10 @@ def node_pool() -> Any:
     return _NODE_POOLS[node]
 
 
-def start_node_pools(cfg: Any, run_id: str | None = None, num_cpus: float = 0) -> dict[str, Any]:
-    """`agentrl.sandboxes.ray_pool.start_node_pools` with `OwnedSandboxPool` actors: one per alive
-    node, pinned there and named `agentrl-sandbox-pool-<node id>`."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    cfg_dict = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    if not nodes:
-        raise RuntimeError("no alive Ray nodes to place sandbox pools on")
-    actor_cls = ray.remote(num_cpus=num_cpus)(OwnedSandboxPool)
-    actors = {node: actor_cls.options(name=f"{ACTOR_PREFIX}-{node}", get_if_exists=True,
-                                      scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-              .remote(cfg_dict, run_id=run_id, name=f"ray-{node[:8]}") for node in nodes}
-    ray.get([a.start.remote() for a in actors.values()])
-    return actors
-
-
 async def start_pools(cfg: Config, run_id: str) -> dict[str, Any]:
     """One sandbox pool actor per alive node (CPUs from `laminar.pool_num_cpus`)."""
-    return await asyncio.to_thread(start_node_pools, cfg.sandbox, run_id=run_id, num_cpus=cfg.laminar.pool_num_cpus)
+    return await asyncio.to_thread(start_node_pools, cfg.sandbox, run_id=run_id, num_cpus=cfg.laminar.pool_num_cpus,
+                                   pool_cls=OwnedSandboxPool)
 
 
 async def stop_pools(pools: dict[str, Any]) -> None:

@@ -157,9 +157,9 @@ def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
     return metrics
 
 
-def _weights_to_push(learner: Any) -> dict[str, Any]:
-    """The learner's weights as views where it offers them (valid until its next step, and the
-    push copies them into a relay buffer first); a clone otherwise."""
+def weight_views(learner: Any) -> dict[str, Any]:
+    """The learner's weights as views where it offers them (valid until its next step: the push
+    copies them into a relay buffer first, an evaluation runs between steps); a clone otherwise."""
     return getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
 
 
@@ -228,7 +228,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     v = learner.version
-    await system.chain.push(await asyncio.to_thread(_weights_to_push, learner), v)  # relays start from v
+    await system.chain.push(await asyncio.to_thread(weight_views, learner), v)  # relays start from v
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
     records: list[dict[str, Any]] = []
@@ -250,7 +250,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         t2 = time.perf_counter()
         # the copy runs off the event loop: heartbeats and the manager keep ticking meanwhile
         # views, not a clone: the push copies them into the relay's buffer before the next step
-        weights = await asyncio.to_thread(_weights_to_push, learner) if updated else {}
+        weights = await asyncio.to_thread(weight_views, learner) if updated else {}
         t3 = time.perf_counter()
         push_copy_s = await system.chain.push(weights, v) if updated else 0.0
         pushed_at = time.perf_counter()
