@@ -32,7 +32,7 @@ class SleepyEnv:
     async def areset(self, task: dict[str, Any]) -> list[Message]:
         self.task, self.turn = task, 0
         return [Message(role="system", content="You are terse."),
-                Message(role="user", content=f"Say something about {task['id']}.")]
+                Message(role="user", content=f"Say something about {task['id']}.{task.get('pad', '')}")]
 
     async def astep(self, action: str) -> StepResult:
         self.turn += 1
@@ -72,12 +72,17 @@ def make_spread_env() -> SpreadEnv:
     return SpreadEnv()
 
 
-def tail_tasks(n_pairs: int = 2, long_turns: int = 8, tool_s: float = 0.15) -> list[dict]:
+def tail_tasks(n_pairs: int = 2, long_turns: int = 8, tool_s: float = 0.15, short_pad_words: int = 0) -> list[dict]:
     """s0, L0, s1, L1, ...: with two groups per worker batch (unshuffled), every worker gets
-    one short group and one long-tailed group."""
+    one short group and one long-tailed group. `short_pad_words` lengthens the short prompts so
+    the batch's KV plateau is set by the short group: once it finishes, the growing tail stays
+    below that plateau for its whole life and the worker remains a repack candidate, whatever
+    the timing of the checks."""
+    pad = " word" * short_pad_words
     out = []
     for i in range(n_pairs):
-        out += [{"id": f"s{i}", "turns": 1, "tool_s": 0.0}, {"id": f"L{i}", "turns": long_turns, "tool_s": tool_s}]
+        out += [{"id": f"s{i}", "turns": 1, "tool_s": 0.0, "pad": pad},
+                {"id": f"L{i}", "turns": long_turns, "tool_s": tool_s}]
     return out
 
 

@@ -27,7 +27,8 @@ async def test_real_model_two_workers_long_tails():
     engines = [HFEngine(path, max_batch_size=4, seed=i) for i in range(2)]
     learner = Learner(path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     # every turn waits 0.5 s on its tool, so the 2 cores are mostly free for the learner
-    tasks = tail_tasks(2, long_turns=5, tool_s=0.5)
+    # padded shorts: the tails stay below the batch's plateau, so the repack move is certain
+    tasks = tail_tasks(2, long_turns=5, tool_s=0.5, short_pad_words=200)
     for t in tasks:
         t["tool_s"] = 0.5
     system = await build_system(cfg, make_spread_env, tasks, engines, LocalRuntime(), shuffle_prompts=False)

@@ -40,8 +40,10 @@ def _form(t):
 
 
 async def test_laminar_versions_advance_single_version_and_repack(tokenizer):
-    # worker0 takes s0,L0 and worker1 s1,L1: both drain into one long tail each
-    _cfg, system, engines, _ = await _system(tokenizer, tasks=tail_tasks(2, long_turns=10, tool_s=0.1))
+    # worker0 takes s0,L0 and worker1 s1,L1: both drain into one long tail each, and (padded
+    # shorts) both stay below their plateau for the tail's whole life, so the move is certain
+    tasks = tail_tasks(2, long_turns=10, tool_s=0.1, short_pad_words=400)
+    _cfg, system, engines, _ = await _system(tokenizer, tasks=tasks)
     learner = FakeLearner(train_s=0.3)
     try:
         summary = await train(system, learner, steps=5, batch_groups=2)
