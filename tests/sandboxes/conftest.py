@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -48,6 +49,9 @@ def no_leftovers() -> Iterator[None]:
     # made here, not at import: a run that selects no sandbox test must not leave an empty dir
     root = Path(tempfile.mkdtemp(prefix="agentrl-test-sbx-root-"))
     root.chmod(0o711)  # bwrap runs as uid 65534 when we are root and must reach the work dirs
+    # multiprocessing makes its temp dir lazily under tempfile.tempdir and removes it at exit:
+    # make it now, outside the root we remove below, so its exit-time cleanup finds it
+    multiprocessing.util.get_temp_dir()
     old = tempfile.tempdir
     tempfile.tempdir = str(root)
     yield
