@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from agentrl.sandboxes.base import Sandbox
 
-from .runtime import provide_runtime
+from .runtime import provide_runtime, runtime_fingerprint
 from .schema import resolve_source
 
 AGENTRL_DIR = ".agentrl"  # agentrl's files inside the work dir; listed in .git/info/exclude
@@ -364,9 +364,10 @@ async def validate_task(task: dict[str, Any], sandbox: Sandbox) -> Validation:
 
 
 def task_key(task: dict[str, Any], backend: str) -> str:
-    """Cache key: the task's content plus the backend that validated it."""
+    """Cache key: the task's content, the backend that validated it and the build of the task's
+    local runtime (a rebuilt runtime, e.g. one that lost pytest, must not hide behind old results)."""
     blob = json.dumps({k: v for k, v in task.items() if k != "id"}, sort_keys=True, default=str)
-    return hashlib.sha256(f"{backend}\0{blob}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{backend}\0{runtime_fingerprint(task)}\0{blob}".encode()).hexdigest()[:32]
 
 
 class ValidationCache:
@@ -394,18 +395,17 @@ class ValidationCache:
 async def validate_tasks(tasks: list[dict[str, Any]], sandbox: Sandbox, backend: str,
                          cache: ValidationCache | None = None, log: Any = None,
                          ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """Validate every task (cached per task content and backend); returns (valid, rejected) where
+    """Validate every task (cached per task content, backend and runtime build); returns (valid, rejected) where
     rejected holds (instance_id, reason)."""
     cache = cache if cache is not None else ValidationCache()
     valid: list[dict[str, Any]] = []
     rejected: list[tuple[str, str]] = []
     for task in tasks:
-        key = task_key(task, backend)
-        result = cache.get(key)
+        result = cache.get(task_key(task, backend))
         if result is None:
             result = await validate_task(task, sandbox)
-            if not result.error:
-                cache.put(key, result)
+            if not result.error:  # keyed after the run: validation may have built the runtime
+                cache.put(task_key(task, backend), result)
         if log is not None:
             log(f"{task['instance_id']}: {'ok' if result.ok else 'REJECTED: ' + result.reason}"
                 f"{' (cached)' if result.cached else f' ({result.seconds:.1f}s)'}")

@@ -127,6 +127,18 @@ def find_runtime(spec: RuntimeSpec, root: Path | None = None) -> Runtime | None:
     return Runtime(key, path) if (path / MARKER).exists() else None
 
 
+def runtime_fingerprint(task: dict[str, Any]) -> str:
+    """Which build of the task's local runtime is on disk ("unbuilt" if none): part of the
+    validation cache key, so a rebuilt runtime re-validates its tasks."""
+    try:
+        runtime = find_runtime(spec_of(task))
+    except RuntimeBuildError:  # no system python3 (a docker-only host): no local runtime at all
+        return "no-local-python"
+    if runtime is None:
+        return "unbuilt"
+    return f"{runtime.key}@{runtime.info().get('built_at', 0)}"
+
+
 @contextlib.contextmanager
 def _lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)

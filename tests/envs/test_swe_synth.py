@@ -5,6 +5,7 @@ rejects a broken task with its reason."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tarfile
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import SandboxConfig
-from agentrl.envs.swe.grade import ValidationCache, validate_task, validate_tasks
+from agentrl.envs.swe.grade import ValidationCache, task_key, validate_task, validate_tasks
+from agentrl.envs.swe.runtime import MARKER, runtime_key, sandbox_python, spec_of
 from agentrl.envs.swe.schema import load_tasks
 from agentrl.envs.swe.synth import (
     analyse_repo,
@@ -157,13 +159,30 @@ def test_synthesise_and_validate_a_small_package(tmp_path: Path) -> None:
             ok, rejected = await validate_tasks([tasks[0], broken], sandbox, "local", cache)
             assert [t["id"] for t in ok] == [tasks[0]["id"]] and rejected[0][0] == broken["id"]
             again = ValidationCache(tmp_path / "cache.json")
-            ok2, rejected2 = await validate_tasks([tasks[0], broken], sandbox, "local", again)
+            lines: list[str] = []
+            ok2, rejected2 = await validate_tasks([tasks[0], broken], sandbox, "local", again, log=lines.append)
             assert [t["id"] for t in ok2] == [tasks[0]["id"]] and rejected2 == rejected
-            assert len(again.data) == 2
+            assert len(again.data) == 2 and all(line.endswith("(cached)") for line in lines), lines
         finally:
             await sandbox.close()
 
     asyncio.run(check())
+
+
+def test_the_validation_key_changes_when_the_task_runtime_is_rebuilt(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTRL_SWE_RUNTIMES", str(tmp_path))
+    task = {"instance_id": "x-1", "environment_setup": {"package": "minilib==0.1"}, "patch": "p"}
+    unbuilt = task_key(task, "local")
+    _, version = sandbox_python()
+    marker = tmp_path / runtime_key(spec_of(task), version) / MARKER
+    marker.parent.mkdir()
+    marker.write_text(json.dumps({"built_at": 1.0}))
+    built = task_key(task, "local")
+    assert task_key(task, "local") == built != unbuilt  # stable while the build stays
+    marker.write_text(json.dumps({"built_at": 2.0}))  # rebuilt (e.g. after a broken one was removed)
+    assert task_key(task, "local") not in (built, unbuilt)
+    assert task_key(task, "docker") != task_key(task, "local")
 
 
 def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
