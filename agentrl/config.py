@@ -146,6 +146,7 @@ class TrainerConfig:
     batch_groups: int = 2  # groups per global batch
     minibatches: int = 1  # optimizer steps per global batch
     micro_batch_size: int = 4  # sequences per forward pass (gradient accumulation)
+    micro_batch_tokens: int = 4096  # and at most this many padded tokens per pass (activation memory); 0 = no cap
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
@@ -430,6 +431,8 @@ def validate(cfg: Config) -> None:
     checks = [
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
         (cfg.trainer.batch_groups >= 1, "trainer.batch_groups must be >= 1"),
+        (cfg.trainer.micro_batch_size >= 1 and cfg.trainer.micro_batch_tokens >= 0,
+         "trainer.micro_batch_size must be >= 1 and trainer.micro_batch_tokens >= 0 (0: no token cap)"),
         (cfg.trainer.lr > 0, "trainer.lr must be > 0"),
         (0 <= cfg.trainer.clip_low < 1, "trainer.clip_low must be in [0, 1)"),
         (cfg.trainer.clip_high >= 0, "trainer.clip_high must be >= 0"),

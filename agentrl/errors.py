@@ -72,7 +72,7 @@ def explain(exc: BaseException) -> tuple[int, str]:
         url = getattr(getattr(exc, "request", None), "url", "the server")
         return 1, one_line(f"cannot reach {url} ({exc}); start the server or fix engine.base_url")
     if isinstance(exc, MemoryError):
-        return 1, "out of memory; lower rollout.concurrency, rollout.group_size or trainer.micro_batch_size"
+        return 1, "out of memory; lower rollout.concurrency, rollout.group_size, trainer.micro_batch_size or trainer.micro_batch_tokens"
     if isinstance(exc, FileNotFoundError):
         return 1, one_line(str(exc))  # a path the user gave: the message names it
     return 1, one_line(f"{type(exc).__name__}: {exc}{where(exc)}; unexpected: run again with --debug for the "

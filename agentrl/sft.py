@@ -22,7 +22,7 @@ from torch import Tensor
 
 from agentrl.config import Config, ConfigError, WarmStartConfig
 from agentrl.demos import DemonstrationError, collect_demonstrations, trajectories_from_jsonl
-from agentrl.trainer.batch import TrainBatch, build_batch
+from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import token_logprobs_and_stats
 from agentrl.types import Task, Trajectory
@@ -101,7 +101,7 @@ def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
                 t0 = time.perf_counter()
                 step = batch.select(chunk)
                 n_policy = float(step.loss_mask.sum())
-                slices = [slice(i, i + micro) for i in range(0, len(step), micro)]
+                slices = micro_slices(step.attention_mask.sum(-1).tolist(), micro, learner.cfg.micro_batch_tokens)
                 mine = slices[rank::world]
                 total = 0.0
                 for i in range(-(-len(slices) // world)):

@@ -55,6 +55,26 @@ class TrainBatch:
         return TrainBatch(**out)
 
 
+def micro_slices(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[slice]:
+    """Consecutive rows per forward pass (gradients accumulate over them): at most `max_rows`,
+    and with `max_tokens` > 0 at most that many padded tokens (rows × the longest), since
+    activation memory grows with the padded size. A row longer than the budget goes alone."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    out: list[slice] = []
+    start, longest = 0, 0
+    for i, length in enumerate(lengths):
+        wider = max(longest, length)
+        rows = i - start + 1
+        if i > start and (rows > max_rows or (max_tokens > 0 and rows * wider > max_tokens)):
+            out.append(slice(start, i))
+            start, wider = i, length
+        longest = wider
+    if lengths:
+        out.append(slice(start, len(lengths)))
+    return out
+
+
 def trajectory_is_trained(traj: Trajectory) -> bool:
     """Trainable status and not overlong (overlong ones still count in group statistics)."""
     return traj.status.trainable and not traj.overlong

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
-from agentrl.trainer.batch import TrainBatch, build_batch
+from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 from agentrl.trainer.losses import (
     Denominators,
@@ -136,9 +136,10 @@ class Learner:
                  reward_cfg: RewardConfig | None = None, device: str = "cpu") -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        if cfg.minibatches < 1 or cfg.micro_batch_size < 1:
-            raise ValueError(f"trainer.minibatches and trainer.micro_batch_size must be >= 1, got "
-                             f"{cfg.minibatches} and {cfg.micro_batch_size}")
+        if cfg.minibatches < 1 or cfg.micro_batch_size < 1 or cfg.micro_batch_tokens < 0:
+            raise ValueError(f"trainer.minibatches and trainer.micro_batch_size must be >= 1 and "
+                             f"trainer.micro_batch_tokens >= 0, got {cfg.minibatches}, {cfg.micro_batch_size} "
+                             f"and {cfg.micro_batch_tokens}")
         self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
         self.model = _load(model, device)
         self.lora = cfg.lora.rank > 0
@@ -196,9 +197,9 @@ class Learner:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _micro_slices(self, n: int) -> list[slice]:
-        m = self.cfg.micro_batch_size
-        return [slice(i, min(i + m, n)) for i in range(0, n, m)]
+    def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        return micro_slices(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
     @staticmethod
     def _trim(batch: TrainBatch) -> TrainBatch:
@@ -234,7 +235,7 @@ class Learner:
         out = [torch.zeros(shape) if want else None for want in (True, entropy, sum_pi_sq)]
         was_training = model.training
         model.eval()
-        for sl in self._micro_slices(shape[0]):
+        for sl in self._micro_slices(batch):
             mb = self._trim(batch.select(sl))
             stats = self._forward(model, mb, entropy, sum_pi_sq)
             w = mb.input_ids.shape[1]
@@ -390,7 +391,7 @@ class Learner:
         `entropy_out`: the per-token entropy is computed and written there."""
         cfg = self.cfg
         out = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0)
-        slices = self._micro_slices(len(mb))
+        slices = self._micro_slices(mb)
         mine = slices[self.rank::self.world]  # data parallel: this rank's micro-batches
         for i in range(-(-len(slices) // self.world)):  # as many forwards on every rank (FSDP collectives)
             real = i < len(mine)

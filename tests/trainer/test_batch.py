@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl.trainer.advantages import supo_advantages
-from agentrl.trainer.batch import build_batch
+from agentrl.trainer.batch import build_batch, micro_slices
 from agentrl.types import Status
 
 from .helpers import segment, trajectory
@@ -62,3 +62,15 @@ def test_bad_inputs_named():
     bad = trajectory("p", "A", 1.0, [segment([], [2, 3])])
     with pytest.raises(ValueError, match="position 0"):
         build_batch([bad], torch.ones(1), torch.zeros(1, dtype=torch.long))
+
+
+def test_micro_slices_cap_rows_and_padded_tokens():
+    spans = lambda sl: [(s.start, s.stop) for s in sl]  # noqa: E731
+    assert spans(micro_slices([5, 5, 5, 5, 5], max_rows=2)) == [(0, 2), (2, 4), (4, 5)]
+    # 12 padded tokens at most: [3, 4, 4] is 12; adding 6 would make 4 × 6 = 24
+    assert spans(micro_slices([3, 4, 4, 6, 2, 1], max_rows=8, max_tokens=12)) == [(0, 3), (3, 5), (5, 6)]
+    # a row longer than the budget goes alone, and so does the next when it does not fit beside it
+    assert spans(micro_slices([20, 3, 3], max_rows=4, max_tokens=10)) == [(0, 1), (1, 3)]
+    assert micro_slices([], max_rows=4, max_tokens=10) == []
+    with pytest.raises(ValueError, match="max_rows"):
+        micro_slices([1], max_rows=0)

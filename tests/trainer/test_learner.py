@@ -54,6 +54,24 @@ def test_micro_batching_equals_one_big_batch(agg):
     assert a.version == 1 and a.global_step == 1
 
 
+def test_micro_batch_tokens_caps_the_padded_tokens_per_pass_and_keeps_the_update():
+    groups = random_groups(2, 4, VOCAB)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    longest = max(len(s.token_ids) for g in groups for t in g.trajectories for s in t.segments)
+    budget = 2 * longest  # at most two rows per pass, fewer when they are long
+    passes: list[tuple[int, int]] = []
+    capped = Learner(tiny_llama(0), TrainerConfig(lr=1e-3, micro_batch_size=8, micro_batch_tokens=budget))
+    capped.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: passes.append(tuple(args[0].shape)))
+    mc = capped.step(copy.deepcopy(groups))
+    uncapped, mu = run_step(TrainerConfig(lr=1e-3, micro_batch_size=8, micro_batch_tokens=0), groups)
+    assert len(passes) >= 4 and all(rows * width <= budget for rows, width in passes), passes
+    assert mc["grad_norm"] == pytest.approx(mu["grad_norm"], rel=1e-5)
+    start = params(tiny_llama(0))
+    dc, du = params(capped.model) - start, params(uncapped.model) - start
+    assert (dc - du).abs().max() < 1e-2 * du.abs().max()
+
+
 def test_trm_rejected_sequence_contributes_zero_gradient():
     groups = random_groups(2, 4, VOCAB)
     set_behaviour_logprobs(tiny_llama(0), groups)
