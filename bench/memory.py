@@ -4,6 +4,7 @@ learner alone in several precisions.
     python bench/memory.py                       # `agentrl train --env code trainer.steps=1`, peak RSS
     python bench/memory.py --env swe -- trainer.steps=1
     python bench/memory.py --learner             # learner step: fp32 vs +ckpt vs bf16+ckpt
+    cd FRESH_CLONE && python /path/to/bench/memory.py --timeout 5400 --command 'make train'
 
 Run mode polls the RSS of the whole process tree (psutil, every 0.2 s) and prints one JSON line
 with `peak_rss_gb` and `breakdown_gb`. The breakdown is computed from the model's parameter
@@ -60,33 +61,49 @@ def param_count(model_name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def run_mode(env: str, overrides: list[str], timeout_s: float) -> dict[str, Any]:
+def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float) -> dict[str, Any]:
+    """Run `cmd`, polling the RSS of its process tree every 0.2 s; its stderr tail, exit code,
+    wall time and peak."""
     import psutil
 
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a chatty run cannot block on it
+        child = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = psutil.Process(child.pid)
+        peak, timed_out = 0, False
+        while child.poll() is None:
+            peak = max(peak, tree_rss(proc))
+            if time.perf_counter() - t0 > timeout_s:
+                timed_out = True
+                for p in [*proc.children(recursive=True), proc]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
+                break
+            time.sleep(0.2)
+        child.wait()
+        err.seek(0)
+        stderr = err.read()
+    return {"exit_code": child.returncode, "timed_out": timed_out, "wall_s": round(time.perf_counter() - t0, 1),
+            "peak_rss_gb": round(peak / GB, 3), "stderr_tail": stderr.strip().splitlines()[-3:]}
+
+
+def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | None = None) -> dict[str, Any]:
+    """`agentrl train --env ENV OVERRIDES` from this checkout, or any shell `command` (e.g.
+    `make train` in a fresh clone, which builds its own venv) in the current directory."""
+    if command is not None:
+        rec = peak_tree_rss(["bash", "-c", command], Path.cwd(), timeout_s)
+        return {"mode": "command", "command": command, "cwd": str(Path.cwd()), **rec}
     run_dir = tempfile.mkdtemp(prefix="agentrl-mem-")
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", env, "--quiet", f"run.dir={run_dir}", *overrides]
-    t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    proc = psutil.Process(child.pid)
-    peak, timed_out = 0, False
-    while child.poll() is None:
-        peak = max(peak, tree_rss(proc))
-        if time.perf_counter() - t0 > timeout_s:
-            timed_out = True
-            child.kill()
-            break
-        time.sleep(0.2)
-    stderr = child.communicate()[1] or ""
+    rec = peak_tree_rss(cmd, ROOT, timeout_s)
     n = param_count("smollm2-135m")
     w = n * 4 / GB  # fp32
     # Learner weights + grads + 2 Adam moments; one engine model; one copy in flight for the push.
     parts = {"learner_weights": w, "gradients": w, "optimizer": 2 * w, "engine_weights": w, "push_copy": w}
-    peak_gb = peak / GB
-    return {"mode": "run", "env": env, "overrides": overrides, "exit_code": child.returncode, "timed_out": timed_out,
-            "wall_s": round(time.perf_counter() - t0, 1), "peak_rss_gb": round(peak_gb, 3),
+    return {"mode": "run", "env": env, "overrides": overrides, **rec,
             "breakdown_gb": {**{k: round(v, 3) for k, v in parts.items()},
-                             "other_gb": round(peak_gb - sum(parts.values()), 3)},
-            "params": n, "stderr_tail": stderr.strip().splitlines()[-3:]}
+                             "other_gb": round(rec["peak_rss_gb"] - sum(parts.values()), 3)},
+            "params": n}
 
 
 def learner_mode(rows: int, length: int, rounds: int) -> dict[str, Any]:
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env", default="code")
     ap.add_argument("--timeout", type=float, default=300.0, help="kill the run after this many seconds")
     ap.add_argument("--learner", action="store_true", help="time the learner alone per precision")
+    ap.add_argument("--command", help="run this shell command instead (in the current directory), e.g. "
+                                      "'make train' in a fresh clone")
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2, help="learner mode: timed steps per configuration")
@@ -187,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     t0 = utc_now()
     rec = (learner_mode(args.rows, args.length, args.rounds) if args.learner
-           else run_mode(args.env, args.overrides or ["trainer.steps=1"], args.timeout))
+           else run_mode(args.env, args.overrides or ["trainer.steps=1"], args.timeout, args.command))
     emit({"bench": "memory", "started": t0, "commit": git_commit(), "machine": machine_info(), **rec})
 
 
