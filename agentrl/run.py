@@ -277,7 +277,7 @@ async def _train(plan: RunPlan) -> int:
 
 async def _run(plan: RunPlan, progress: _Progress) -> int:
     from agentrl.inference import make_engine
-    from agentrl.laminar.cluster import loop_runtime
+    from agentrl.laminar.cluster import loop_runtime, pool_metrics
     from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
@@ -383,9 +383,11 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         status.stage = "evaluating" if cfg.eval.enabled else "warm start"
         await stages.before_rl(lambda _: checkpoint(start_step), stop.is_set)  # base eval, warm start, eval after it
         status.stage = "rollout"
-        async with loop_runtime(cfg, run_dir.name, env_factory, make_env) as (runtime, loop_env_factory):
+        async with loop_runtime(cfg, run_dir.name, env_factory, make_env) as (runtime, loop_env_factory, node_pools):
             summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,
                                                on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"))
+            if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
+                summary["sandbox_pools"] = await pool_metrics(node_pools)
         status.stage = "done"
         summary.update(await stages.finish(cfg.trainer.steps))
         (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))

