@@ -94,8 +94,22 @@ class Params:
                           "over long contexts (KV reads)")
     mfu_decode: float = _p(0.50, "assumption: decode GEMM efficiency at large batch")
     mfu_prefill: float = _p(0.50, "assumption: prefill MFU (vLLM chunked prefill)")
-    mfu_train: float = _p(0.40, "assumption: FSDP bf16 training MFU")
+    mfu_train: float = _p(0.40, "assumption: bf16 training MFU of the compute itself (FSDP or Megatron); "
+                          "communication and pipeline bubbles are modelled separately")
+    train_flops: float = _p(8.0, "FLOPs per parameter per trained token: 2 forward + 4 backward + 2 for the "
+                            "recomputed forward (verl's DAPO recipes set enable_gradient_checkpointing; "
+                            "16K-token rows need it)")
+    logprob_flops: float = _p(2.0, "FLOPs per parameter per token of the old-log-prob forward over the batch "
+                              "(verl compute_log_prob; AReaL recomputes proximal log-probs)")
+    micro_tokens: int = _p(18432, "verl DAPO recipe: ppo_max_token_len_per_gpu = max prompt + max response "
+                           "(2K + 16K) tokens per micro-batch and sequence-parallel rank")
+    grad_reduce_bytes: int = _p(4, "verl FSDP mixed precision: reduce_dtype fp32 (gradient reduce-scatter)")
     step_overhead_s: float = _p(3e-3, "assumption: vLLM per-step scheduling + sampling CPU time")
+    eager_layer_s: float = _p(0.3e-3, "assumption: CPU time to launch one decoder layer's ~20 kernels in eager "
+                              "PyTorch (~15 µs each); verl v0.5 runs vLLM with enforce_eager=True (CUDA graphs "
+                              "became its default only after v0.5, verl PR #2956), so every system built on verl "
+                              "pays it per decode step -- the reason the paper's Fig. 4 finds more TP GPUs per "
+                              "rollout barely cut decode latency; AReaL's SGLang replays CUDA graphs")
     allreduce_latency_s: float = _p(8e-6, "assumption: NVLink all-reduce latency per call (2 per layer)")
     engine_reload_s: float = _p(1.0, "assumption: vLLM weight reload + prefix-cache reset per sync")
     rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
@@ -111,7 +125,8 @@ class Params:
     len_sigma: float = _p(0.99, "paper Fig. 2: p99 length = 10× median -> σ = ln10 / 2.326")
     len_median: float = _p(2600.0, "fitted: median response length that reproduces Table 1's avg/max "
                            "trajectory latency ratio 290/828 (Fig. 17 is not in the parsed text)")
-    max_num_seqs: int = _p(256, "vLLM default max_num_seqs: sequences decoded together per replica")
+    max_num_seqs: int = _p(1024, "verl rollout config default max_num_seqs 1024 (every system but AReaL runs "
+                           "vLLM through verl); paper App. A.2: 1024 trajectories per replica")
     concurrency: int = _p(1024, "paper App. A.2: max 1024 trajectories per replica (AReaL, Laminar)")
     c_max: float = _p(0.99, "paper §5.2: C_max above 99% of the KV cache")
     repack_interval_s: float = _p(5.0, "paper §5.1: periodic check every 5 s")
@@ -137,6 +152,9 @@ class Model:
     rollout_tp: int = 1  # paper App. A.2 for AReaL/Laminar (7B: 1, 32B: 4, 72B: 8)
     batched_tp: int = 2  # verl / one-step / stream (7B: 2, 32B: 4, 72B: 8)
     fsdp: int = 8  # paper App. A.2: FSDP size 8 / 16 / 32
+    sp: int = 4  # paper App. A.2: Ulysses sequence parallel 4 / 8 / 8
+    mega_tp: int = 2  # paper App. A.2: AReaL's Megatron TP 2 / 4 / 4
+    mega_pp: int = 1  # paper App. A.2: AReaL's Megatron PP 1 / 2 / 4
 
     @property
     def weight_bytes(self) -> float:
@@ -148,9 +166,9 @@ class Model:
 
 
 MODELS = {
-    "7B": Model("7B", 7.6e9, 28, 4, rollout_tp=1, batched_tp=2, fsdp=8),
-    "32B": Model("32B", 32.8e9, 64, 8, rollout_tp=4, batched_tp=4, fsdp=16),
-    "72B": Model("72B", 72.7e9, 80, 8, rollout_tp=8, batched_tp=8, fsdp=32),
+    "7B": Model("7B", 7.6e9, 28, 4, rollout_tp=1, batched_tp=2, fsdp=8, sp=4, mega_tp=2, mega_pp=1),
+    "32B": Model("32B", 32.8e9, 64, 8, rollout_tp=4, batched_tp=4, fsdp=16, sp=8, mega_tp=4, mega_pp=2),
+    "72B": Model("72B", 72.7e9, 80, 8, rollout_tp=8, batched_tp=8, fsdp=32, sp=8, mega_tp=4, mega_pp=4),
 }
 
 # Paper Table 2: (total, train, rollout) GPUs per system and model; verl is colocated.
@@ -262,11 +280,14 @@ class Replica:
         self.tokens_out = 0.0  # response tokens decoded (throughput)
         self.prefill_tokens = 0.0
         t_w = m.weight_bytes / (tp * p.hbm_bps * p.hbm_util)
-        self._fixed = t_w + p.step_overhead_s + (2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0)
+        self._fixed = t_w + (2 * m.layers * p.allreduce_latency_s if tp > 1 else 0.0)
         self._per_kv = m.kv_bytes / (tp * p.hbm_bps * p.attn_util)
         self._per_seq = 2 * m.params / (tp * p.gpu_flops * p.mfu_decode)
         self._prefill = 2 * m.params / (tp * p.gpu_flops * p.mfu_prefill)
         self._overhead = p.step_overhead_s
+        # eager mode: the CPU launches every layer's kernels each step; the GPU runs behind it,
+        # so a step takes the longer of the two (CUDA graphs replay the step in one launch)
+        self._launch = m.layers * p.eager_layer_s if sim.eager else 0.0
 
     # -- state ------------------------------------------------------------------------------
 
@@ -284,7 +305,7 @@ class Replica:
     def step_time(self) -> float:
         n = len(self.running)
         kv = self.s_base + n * self.progress
-        return max(self._fixed + kv * self._per_kv, n * self._per_seq + self._overhead)
+        return self._overhead + max(self._launch, self._fixed + kv * self._per_kv, n * self._per_seq)
 
     def advance(self) -> None:
         now = self.sim.clock.now
@@ -460,6 +481,7 @@ class Options:
 
 class System:
     colocated = False
+    eager = True  # vLLM under verl v0.5 (enforce_eager=True); AReaL's SGLang uses CUDA graphs
     name = "base"
 
     def __init__(self, p: Params, model: str, gpus: int, opts: Options | None = None) -> None:
@@ -501,13 +523,32 @@ class System:
     # -- training ---------------------------------------------------------------------------
 
     def train_time(self, tokens: float, steps: int) -> float:
-        """8·P FLOPs per token on the trainer GPUs + per step the gradient all-reduce of each
-        GPU's FSDP shard (fp32) across data-parallel groups over the NICs."""
+        """verl's FSDP (ZeRO-3, HSDP) trainer on `train_gpus`: `steps` optimizer steps over `tokens`.
+
+        Compute: `train_flops`·P per token (forward, backward, recomputed forward) plus the
+        old-log-prob forward (`logprob_flops`·P). Each micro-batch (at most `micro_tokens` per
+        sequence-parallel rank, at least one per step) all-gathers the bf16 parameters inside
+        the FSDP group for the forward and again for the backward, and reduce-scatters the fp32
+        gradients; the log-prob forward all-gathers once. FSDP prefetch overlaps this with
+        compute, so a micro-batch takes the longer of the two. Inside one machine the group
+        talks over NVLink, across machines over the NICs -- a cost per micro-batch that does
+        not shrink as GPUs are added (strong scaling). Per step, the gradient shards are
+        all-reduced across the data-parallel replicas of the FSDP group."""
         p, m = self.p, self.model
-        compute = 8 * m.params * tokens / (self.train_gpus * p.gpu_flops * p.mfu_train)
-        groups = self.train_gpus // m.fsdp
-        comm = 2 * 4 * m.params / m.fsdp / p.nic_bps * (groups - 1) / groups if groups > 1 else 0.0
-        return compute + steps * comm
+        n = self.train_gpus
+        f = min(m.fsdp, n)
+        bw = p.nvlink_bps if f <= p.gpus_per_node else p.nic_bps
+        gather = 2 * m.params * (f - 1) / f / bw
+        reduce = p.grad_reduce_bytes * m.params * (f - 1) / f / bw
+        rate = n * p.gpu_flops * p.mfu_train
+        per_step = tokens / max(1, steps)
+        sp = min(m.sp, n)
+        micro = max(1, math.ceil(per_step / (n // sp) / (p.micro_tokens * sp)))
+        fb = p.train_flops * m.params * per_step / rate / micro
+        lp = p.logprob_flops * m.params * per_step / rate / micro
+        groups = n // f
+        ddp = 2 * p.grad_reduce_bytes * m.params / f / p.nic_bps * (groups - 1) / groups if groups > 1 else 0.0
+        return steps * (micro * (max(fb, 2 * gather + reduce) + max(lp, gather)) + ddp)
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -738,6 +779,25 @@ class AReaL(Continuous):
     under the new weights (its KV was computed by the old ones)."""
 
     name = "areal"
+    eager = False
+
+    def train_time(self, tokens: float, steps: int) -> float:
+        """AReaL trains with Megatron (paper App. A.2: TP×PP 2×1 / 4×2 / 4×4, DP = the rest):
+        the same FLOPs, a 1F1B pipeline bubble of (PP − 1) micro-batch slots per step (each DP
+        rank's share of a mini-batch, cut into micro-batches of at most `micro_tokens`), and
+        per step the distributed optimizer's reduce-scatter of fp32 gradients and all-gather
+        of bf16 parameters of each rank's TP×PP shard across the DP ranks over the NICs."""
+        p, m = self.p, self.model
+        n = self.train_gpus
+        shard = m.mega_tp * m.mega_pp
+        dp = max(1, n // shard)
+        per_step = tokens / max(1, steps)
+        micro = max(1, math.ceil(per_step / dp / p.micro_tokens))
+        rate = n * p.gpu_flops * p.mfu_train
+        compute = (p.train_flops + p.logprob_flops) * m.params * per_step / rate
+        bubble = (micro + m.mega_pp - 1) / micro
+        comm = (p.grad_reduce_bytes + 2) * m.params / shard * (dp - 1) / dp / p.nic_bps
+        return steps * (compute * bubble + comm)
 
     def start(self) -> None:
         for r in self.replicas:
