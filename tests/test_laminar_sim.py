@@ -104,8 +104,9 @@ def test_more_kv_cache_means_fewer_preemptions() -> None:
 
 
 def test_faster_memory_means_faster_decode_and_longer_outputs_mean_slower_iterations() -> None:
-    base = sim.Laminar(TINY, "7B", 16)
-    fast = sim.Laminar(replace(TINY, hbm_bps=2 * TINY.hbm_bps), "7B", 16)
+    graphs = replace(TINY, eager_layer_s=0.0)  # a GPU-bound step (no eager kernel launches)
+    base = sim.Laminar(graphs, "7B", 16)
+    fast = sim.Laminar(replace(graphs, hbm_bps=2 * TINY.hbm_bps), "7B", 16)
     for r in (base.replicas[0], fast.replicas[0]):
         r.add([sim.Seq(f"s{i}", "g", 1000, 0, 0.0) for i in range(64)])
     assert fast.replicas[0].step_time() < base.replicas[0].step_time()
@@ -136,3 +137,38 @@ def test_cli_params_lists_every_figure(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as e:
         sim.main(["--systems", "nope"])
     assert e.value.code == 2 and "unknown ['nope']" in capsys.readouterr().err
+
+
+def test_eager_decode_is_launch_bound_at_small_batch_and_tp_does_not_help() -> None:
+    """verl v0.5 runs vLLM eagerly: a near-empty replica's step is the CPU's kernel launches,
+    the same at TP 2 and TP 8 (paper Fig. 4); a full one is GPU-bound again."""
+    p = sim.Params()
+    r72 = sim.Replica("r", sim.OneStep(p, "72B", 128), 8, 0.9)
+    r7 = {tp: sim.Replica("r", sim.OneStep(p, "7B", 64), tp, 0.9) for tp in (1, 2)}
+    for r, layers in ((r72, 80), (r7[1], 28), (r7[2], 28)):
+        assert r.step_time() == pytest.approx(p.step_overhead_s + layers * p.eager_layer_s)
+    areal = sim.Replica("r", sim.AReaL(p, "72B", 128), 8, 0.9)  # SGLang: CUDA graphs
+    assert areal.step_time() < r72.step_time()
+    full = sim.Replica("r", sim.OneStep(p, "7B", 64), 1, 0.9)
+    full.add([sim.Seq(f"s{i}", "g", 8000, 0, 0.0) for i in range(1024)])
+    assert full.step_time() > p.step_overhead_s + 28 * p.eager_layer_s
+
+
+def test_fsdp_trainer_has_a_communication_floor_under_strong_scaling() -> None:
+    """ZeRO-3 all-gathers the parameters (and reduce-scatters gradients) per micro-batch inside
+    the FSDP group: across machines (72B, FSDP 32) that cost does not shrink with more GPUs, and
+    a slower NIC makes it longer; inside one machine (7B, FSDP 8) it is negligible."""
+    p = sim.Params()
+    tokens = p.batch * 4000.0
+    t = {g: sim.Verl(p, "72B", g).train_time(tokens, p.minibatches) for g in (64, 256, 1024)}
+    assert t[64] > t[256] > t[1024]
+    assert t[256] / t[1024] < 2  # 4× the GPUs, far less than 4× faster
+    slow = replace(p, nic_bps=p.nic_bps / 2)
+    assert sim.Verl(slow, "72B", 1024).train_time(tokens, 16) > 1.5 * t[1024]
+    s7 = {g: sim.Verl(p, "7B", g).train_time(tokens, p.minibatches) for g in (16, 256)}
+    assert s7[16] / s7[256] > 12  # nearly linear inside NVLink
+    # AReaL's Megatron trainer pays a pipeline bubble that grows as DP ranks get fewer micro-batches
+    a = sim.AReaL(p, "72B", 1024)
+    ideal = (p.train_flops + p.logprob_flops) * sim.MODELS["72B"].params * tokens / (
+        a.train_gpus * p.gpu_flops * p.mfu_train)
+    assert a.train_time(tokens, p.minibatches) > 1.3 * ideal
