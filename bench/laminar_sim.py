@@ -112,6 +112,11 @@ class Params:
                               "rollout barely cut decode latency; AReaL's SGLang replays CUDA graphs")
     allreduce_latency_s: float = _p(8e-6, "assumption: NVLink all-reduce latency per call (2 per layer)")
     engine_reload_s: float = _p(1.0, "assumption: vLLM weight reload + prefix-cache reset per sync")
+    storage_shard_bytes: float = _p(4 * GB, "paper §4.1: profiled shard size (4 GB of a 32B model)")
+    storage_serialize_s: float = _p(8.0, "paper §4.1: serializing one 4 GB shard takes ~8 s")
+    storage_transfer_s: float = _p(15.0, "paper §4.1: TCP transfer of it to/from the storage system adds 10-20 s "
+                                   "(midpoint); AReaL v0.3 syncs weights this way (realhf GserverManager: "
+                                   "update_weights_from_disk)")
     rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
@@ -774,9 +779,10 @@ class Continuous(System):
 
 
 class AReaL(Continuous):
-    """AReaL v0.3: stream generation with partial rollout, staleness unbounded. Every update
-    interrupts every replica: global NCCL sync, then every running sequence is re-prefilled
-    under the new weights (its KV was computed by the old ones)."""
+    """AReaL v0.3: stream generation with partial rollout, staleness unbounded, Megatron
+    trainer, SGLang rollouts. Every update goes through storage (realhf's GserverManager:
+    flush every server, update_weights_from_disk -- a global sync), then every running
+    sequence is re-prefilled under the new weights (its KV was computed by the old ones)."""
 
     name = "areal"
     eager = False
@@ -808,26 +814,50 @@ class AReaL(Continuous):
             self.give(r, r.version)
         self.maybe_train()
 
-    def _trained(self, tokens: int) -> None:
-        cost = self.nccl_sync_s()
-        self.trainer_stall += cost
-        self.waits.append(cost)
+    def save_s(self) -> float:
+        """AReaL v0.3 (realhf) publishes weights through storage: each Megatron TP×PP rank
+        serializes its shard and writes it to the parameter-reallocation directory."""
+        p, m = self.p, self.model
+        shard = m.weight_bytes / (m.mega_tp * m.mega_pp)
+        return shard / p.storage_shard_bytes * (p.storage_serialize_s + p.storage_transfer_s)
 
-        def done() -> None:
+    def load_s(self) -> float:
+        """Every SGLang server is flushed and calls update_weights_from_disk: each TP rank reads
+        its shard back from storage, then the engine reloads."""
+        p, m = self.p, self.model
+        return m.weight_bytes / self.tp() / p.storage_shard_bytes * p.storage_transfer_s + p.engine_reload_s
+
+    def _trained(self, tokens: int) -> None:
+        """The trainer stalls while it saves; once the new version is on storage the manager
+        flushes every server (a global sync point), which then loads it; running sequences
+        lose their KV (partial rollout) and are re-prefilled when the server resumes."""
+        save, load = self.save_s(), self.load_s()
+        self.trainer_stall += save
+        self.waits.append(load)
+
+        def saved() -> None:
             self.trainer_busy = False
             self.publish(tokens)
+            version = self.version
+            self.pause_epoch = getattr(self, "pause_epoch", 0) + 1
+            epoch = self.pause_epoch
             for r in self.replicas:
-                r.version = self.version
-                for s in list(r.running) + list(r.waiting):
-                    s.versions.add(self.version)
-                r.set_busy(False)
-                self.give(r, r.version)
+                r.set_busy(True)
+                r.drop_kv()  # resumes re-prefill through admission once the replica is unpaused
+
+            def loaded() -> None:
+                for r in self.replicas:
+                    r.version = max(r.version, version)
+                    for s in list(r.running) + list(r.waiting):
+                        s.versions.add(r.version)
+                    if epoch == self.pause_epoch:
+                        r.set_busy(False)
+                        self.give(r, r.version)
+
+            self.clock.at(self.clock.now + load, loaded)
             self.maybe_train()
 
-        for r in self.replicas:
-            r.set_busy(True)
-            r.drop_kv()  # resumes re-prefill through admission once the replica is unpaused
-        self.clock.at(self.clock.now + cost, done)
+        self.clock.at(self.clock.now + save, saved)
 
 
 class Laminar(Continuous):

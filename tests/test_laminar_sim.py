@@ -172,3 +172,17 @@ def test_fsdp_trainer_has_a_communication_floor_under_strong_scaling() -> None:
     ideal = (p.train_flops + p.logprob_flops) * sim.MODELS["72B"].params * tokens / (
         a.train_gpus * p.gpu_flops * p.mfu_train)
     assert a.train_time(tokens, p.minibatches) > 1.3 * ideal
+
+
+def test_areal_syncs_weights_through_storage() -> None:
+    """AReaL v0.3 publishes weights to disk and every SGLang server reloads them
+    (update_weights_from_disk): a slower storage path means longer trainer stalls and rollout
+    pauses, and bigger shards (72B) cost more than small ones."""
+    p = sim.Params()
+    a = sim.AReaL(p, "72B", 1024)
+    slow = sim.AReaL(replace(p, storage_transfer_s=2 * p.storage_transfer_s), "72B", 1024)
+    assert slow.save_s() > a.save_s() and slow.load_s() > a.load_s()
+    assert a.load_s() > sim.AReaL(p, "32B", 512).load_s()
+    assert a.load_s() > a.nccl_sync_s()  # storage is the slow path the relay tier avoids
+    out = sim.AReaL(TINY, "7B", 16).simulate()
+    assert out["rollout_wait_s"] == pytest.approx(sim.AReaL(TINY, "7B", 16).load_s())
