@@ -15,21 +15,29 @@ figures in `PARAMS` (hardware datasheets, the paper's setup, Qwen2.5 configs), e
 source:
 
 - decode (vLLM, continuous batching): a replica of `tp` GPUs runs one step for all running
-  sequences; step = max(weights + KV bytes / HBM bandwidth, 2·P·b FLOPs / compute) + fixed
-  launch and TP all-reduce latency. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights,
-  divided by the model's KV bytes per token. Admission is FCFS while the KV fits (vLLM's 1%
-  watermark); when the KV fills, the newest sequence is preempted and later re-prefilled.
+  sequences (up to verl's max_num_seqs 1024); GPU time = max(weights + KV bytes / HBM
+  bandwidth, 2·P·b FLOPs / compute) + TP all-reduce latency. verl v0.5 runs vLLM eagerly
+  (enforce_eager=True), so a step is the longer of the GPU time and the CPU's kernel launches
+  (per layer), plus scheduling: a near-empty replica -- the long tail of a synchronous batch --
+  is launch-bound and more TP GPUs barely help (paper Fig. 4); AReaL's SGLang replays CUDA
+  graphs. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights, divided by the model's
+  KV bytes per token. Admission is FCFS while the KV fits (vLLM's 1% watermark); when the KV
+  fills, the newest sequence is preempted and later re-prefilled.
 - prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound;
   it stalls decoding except for the compute a memory-bound decode step leaves idle (chunked
   prefill), so a re-prefill onto a lightly loaded repack destination is nearly free, and the
   re-prefill of every sequence after a partial-rollout interruption is not.
-- training: 8·P FLOPs per token (forward + backward, plus the old-log-prob forward), 16
-  optimizer steps per iteration, each paying the gradient all-reduce across data-parallel
-  groups over the 400 Gb/s NICs.
-- weights: NCCL global sync = a pipelined ring broadcast of each rollout shard (the App. D
-  chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the master relay
-  (the actor's only stall), the App. D chain broadcast between relays, a PCIe load from the
-  local relay.
+- training (verl's FSDP for every system but AReaL): 8·P FLOPs per token (forward, backward,
+  recomputed forward) + 2·P for the old-log-prob pass; per micro-batch the ZeRO-3 parameter
+  all-gathers (forward, backward) and the fp32 gradient reduce-scatter inside the FSDP group
+  (NVLink within a machine, the NICs across machines), overlapped with compute -- a floor per
+  optimizer step that does not shrink as GPUs are added. AReaL: Megatron TP×PP with a 1F1B
+  bubble and the distributed optimizer's DP traffic.
+- weights: NCCL global sync = FSDP gather + a pipelined ring broadcast of each rollout shard
+  (the App. D chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the
+  master relay (the actor's only stall), the App. D chain broadcast between relays, a PCIe
+  load from the local relay; AReaL v0.3 = through storage (save, flush every server,
+  update_weights_from_disk), costed with the paper's §4.1 storage profile.
 
 Every system runs on the paper's placements (Table 2) and workload (8192 trajectories = 512
 prompts × 16, 16K-token output cap, response lengths lognormal with p99/p50 = 10, Fig. 2).
