@@ -68,7 +68,7 @@ class VLLMEngine:
                                max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                                logprobs_mode="processed_logprobs", seed=seed, enforce_eager=enforce_eager,
                                **engine_kwargs)
-        self.llm = AsyncLLM.from_engine_args(args)
+        self.llm: Any = AsyncLLM.from_engine_args(args)  # None once closed
         self.version = 0
         self.max_model_len = max_model_len
         self._inflight = 0
@@ -140,6 +140,9 @@ class VLLMEngine:
         if not self._closed:
             self._closed = True
             self.llm.shutdown()
+            # drop it now: an AsyncLLM collected at interpreter exit runs shutdown() again from
+            # __del__ after vLLM's module globals are gone, and prints a TypeError traceback
+            self.llm = None
 
 
 def _to_vllm(sampling: SamplingParams) -> Any:
