@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.inference.base import SamplingParams
 from agentrl.inference.hf import HFEngine
 from agentrl.models import load_model, load_tokenizer, resolve_model
+from bench._common import emit, machine_info
 
 
 async def throughput(path: str, tokens: int, concurrency: int) -> dict[str, float]:
@@ -63,7 +67,7 @@ def main() -> None:
     load_tokenizer(path)
     figures["cache_hit_load_s"] = round(time.perf_counter() - start, 3)  # includes first transformers imports
     figures.update(asyncio.run(throughput(str(path), args.tokens, args.concurrency)))
-    print(json.dumps(figures))
+    emit({**figures, "machine": machine_info()})  # load average at the end
 
 
 if __name__ == "__main__":

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.config import SandboxConfig
 from agentrl.sandboxes import SandboxPool, make_pool, make_sandbox
 from agentrl.sandboxes.pool import percentile
+from bench._common import emit, machine_info
 
 
 async def timed(fn: Callable[[], Awaitable[object]], n: int) -> list[float]:
@@ -137,4 +141,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples; under a minute")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    emit({**asyncio.run(main(args.quick)), "machine": machine_info()})  # load average at the end

@@ -1,0 +1,39 @@
+"""docs/benchmarks.md's sandbox and inference benchmarks through their own command lines: each
+prints one JSON line with its figures and the machine's load (the targets are not asserted here:
+timings belong to the benchmark, not to a test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.docker import require_docker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_line(*args: str) -> dict:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(line["machine"]["load_avg"]) == 3 and line["machine"]["cpus"] >= 1
+    return line
+
+
+@pytest.mark.docker
+def test_sandbox_bench_quick_measures_both_backends_and_the_pool() -> None:
+    require_docker()
+    line = bench_line("bench/sandbox.py", "--quick")
+    for key in ("local_exec_p50_ms", "local_reset_p50_ms", "docker_warm_exec_p50_ms", "docker_reset_p50_ms",
+                "pool_acquire_p50_ms"):
+        assert line[key] > 0, (key, line)
+    assert line["local_exec_p50_ms"] <= line["local_exec_p99_ms"]
+
+
+def test_inference_bench_times_the_embedded_model() -> None:
+    line = bench_line("bench/inference.py", "--tokens", "4", "--concurrency", "2")
+    assert line["single_tok_s"] > 0 and line["concurrent_tok_s"] > 0 and line["cache_hit_load_s"] > 0
