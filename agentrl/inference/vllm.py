@@ -17,6 +17,7 @@ unless that variable is already set.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import tempfile
 import time
@@ -140,9 +141,11 @@ class VLLMEngine:
         if not self._closed:
             self._closed = True
             self.llm.shutdown()
-            # drop it now: an AsyncLLM collected at interpreter exit runs shutdown() again from
-            # __del__ after vLLM's module globals are gone, and prints a TypeError traceback
+            # collect it now: an AsyncLLM collected at interpreter exit runs shutdown() again from
+            # __del__ after vLLM's module globals are gone, and prints a TypeError traceback (its
+            # output handler keeps it in a reference cycle, so dropping the reference is not enough)
             self.llm = None
+            gc.collect()
 
 
 def _to_vllm(sampling: SamplingParams) -> Any:
