@@ -141,9 +141,9 @@ class VLLMEngine:
         if not self._closed:
             self._closed = True
             self.llm.shutdown()
-            # collect it now: an AsyncLLM collected at interpreter exit runs shutdown() again from
-            # __del__ after vLLM's module globals are gone, and prints a TypeError traceback (its
-            # output handler keeps it in a reference cycle, so dropping the reference is not enough)
+            # drop and collect it now, a best effort: an AsyncLLM collected at interpreter exit runs
+            # shutdown() again from __del__ after vLLM's module globals are gone and prints a
+            # TypeError traceback (gone from the vLLM tests' output; bench/rollout.py still shows it)
             self.llm = None
             gc.collect()
 
