@@ -1,11 +1,12 @@
 """SWE task synthesis throughput and the shipped task set (issue 18).
 
-    .venv/bin/python bench/swe_synth.py [--packages six,toolz] [--max-tasks 6] [--reports DIR/report.json ...]
+    .venv/bin/python bench/swe_synth.py [--packages six,toolz] [--max-tasks 6] [--workers N] [--reports DIR/report.json ...]
 
 Synthesises and validates tasks from `--packages` on the local backend with their runtimes and
 sdists prepared first (the timed part is mutation, the synthesiser's two test runs per kept bug
-and validation from scratch: gold patch 1, empty patch 0). `--reports` adds the per-package
-reports of earlier `agentrl swe synth --packages` runs to the package and operator counts.
+and validation from scratch: gold patch 1, empty patch 0), on `--workers` sandboxes at once
+(default: one per core, as `agentrl swe synth`). `--reports` adds the per-package reports of
+earlier `agentrl swe synth --packages` runs to the package and operator counts.
 
 Prints one JSON line: packages_tried, packages_with_tasks, tasks_proposed, tasks_valid,
 validation_pass_rate_per_operator (valid / proposed), tasks_valid_per_min (this run, runtimes
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from agentrl.config import SandboxConfig
 from agentrl.envs.swe.batch import PackageResult, resolve_spec, synthesize_package
-from agentrl.envs.swe.runtime import RuntimeSpec, ensure_runtime
+from agentrl.envs.swe.runtime import RuntimeSpec, default_workers, ensure_runtime
 from agentrl.envs.swe.schema import DATA_DIR, builtin_tasks
 from agentrl.envs.swe.synth import analyse_repo, fetch_sdist, unpack
 
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--max-tasks", type=int, default=6)
     p.add_argument("--max-candidates", type=int, default=60)
     p.add_argument("--budget-s", type=float, default=200.0, help="per package")
+    p.add_argument("--workers", type=int, default=default_workers(), help="sandboxes running tests at once")
     p.add_argument("--reports", nargs="*", default=[], help="report.json files of earlier batch runs")
     args = p.parse_args()
     load_start = os.getloadavg()[0]
@@ -63,7 +65,7 @@ def main() -> int:
             start = time.perf_counter()
             results.append(asyncio.run(synthesize_package(
                 spec, cfg, out, max_tasks=args.max_tasks, max_candidates=args.max_candidates,
-                time_budget_s=args.budget_s, log=lambda *a: print(*a, file=sys.stderr))))
+                time_budget_s=args.budget_s, workers=args.workers, log=lambda *a: print(*a, file=sys.stderr))))
             timed_s += time.perf_counter() - start
     valid_now = sum(r.valid for r in results)
     for path in args.reports:
@@ -82,7 +84,7 @@ def main() -> int:
         "tasks_proposed": sum(r.proposed for r in results), "tasks_valid": sum(r.valid for r in results),
         "validation_pass_rate_per_operator": {op: round(valid.get(op, 0) / n, 3) for op, n in sorted(proposed.items())},
         "tasks_valid_per_min": round(valid_now / (timed_s / 60), 2) if timed_s else 0.0,
-        "timed_s": round(timed_s, 1),
+        "timed_s": round(timed_s, 1), "workers": args.workers,
         "no_task": {r.package: r.why for r in results if not r.valid},
         "shipped_tasks": len(shipped),
         "shipped_packages": len({t["environment_setup"].get("package") for t in shipped}),

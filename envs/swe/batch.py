@@ -81,11 +81,11 @@ def diagnose(error: str) -> str:
 
 async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: int, max_candidates: int,
                              max_failing: int = 10, seed: int = 0, log: Any = print,
-                             time_budget_s: float = 600.0) -> PackageResult:
-    """Synthesise and validate one package's tasks into out_dir; never raises for the package's
-    own problems (they become `why`)."""
+                             time_budget_s: float = 600.0, workers: int = 1) -> PackageResult:
+    """Synthesise and validate one package's tasks into out_dir, on `workers` sandboxes at once;
+    never raises for the package's own problems (they become `why`)."""
     from .grade import ValidationCache, validate_tasks
-    from .runtime import make_task_sandbox
+    from .runtime import task_sandboxes
     from .synth import fetch_sdist, synthesize
 
     start = time.perf_counter()
@@ -96,7 +96,7 @@ async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: i
         tasks, stats = await synthesize(spec, cfg, max_tasks=max_tasks, max_candidates=max_candidates,
                                         max_failing=max_failing, seed=seed, archive_dir=out_dir,
                                         source_ref=f"file:{archive}", log=log, time_budget_s=time_budget_s,
-                                        max_baseline_s=min(120.0, time_budget_s / 3))
+                                        max_baseline_s=min(120.0, time_budget_s / 3), workers=workers)
         result.tried, result.ops_tried, result.baseline_tests = stats.tried, stats.tried_ops, stats.baseline_tests
         result.proposed = len(tasks)
         for t in tasks:
@@ -107,12 +107,9 @@ async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: i
                           f"(tried {stats.tried} of {stats.candidates}: no failing test {stats.no_failure}, "
                           f"too many {stats.too_many_failures}, flaky {stats.flaky}, timed out {stats.timed_out})")
         else:
-            sandbox = await make_task_sandbox(cfg, tasks[0], log=log)
-            try:
+            async with task_sandboxes(cfg, tasks[0], min(workers, len(tasks)), log=log) as sandboxes:
                 cache = ValidationCache(out_dir / "validation.json")
-                valid, rejected = await validate_tasks(tasks, sandbox, cfg.backend, cache)
-            finally:
-                await sandbox.close()
+                valid, rejected = await validate_tasks(tasks, sandboxes, cfg.backend, cache)
             for t in valid:
                 op = t["mutation"]["operator"]
                 result.ops_valid[op] = result.ops_valid.get(op, 0) + 1
@@ -130,7 +127,7 @@ async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: i
 
 async def synthesize_many(specs: list[str], cfg: Any, out_dir: Path, *, max_tasks: int = 30,
                           max_candidates: int = 150, seed: int = 0, log: Any = print,
-                          time_budget_s: float = 600.0) -> list[PackageResult]:
+                          time_budget_s: float = 600.0, workers: int = 1) -> list[PackageResult]:
     """Synthesise every package in turn; out_dir/report.json is rewritten after each one."""
     out_dir = out_dir.resolve()  # tasks point at their sdist by absolute path until shipped
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +139,7 @@ async def synthesize_many(specs: list[str], cfg: Any, out_dir: Path, *, max_task
             log(f"== {spec}: done before ({done[spec]['valid']} valid); skipped")
             continue
         result = await synthesize_package(spec, cfg, out_dir, max_tasks=max_tasks, max_candidates=max_candidates,
-                                          seed=seed, log=log, time_budget_s=time_budget_s)
+                                          seed=seed, log=log, time_budget_s=time_budget_s, workers=workers)
         results.append(result)
         done[spec] = asdict(result)
         report_path.write_text(json.dumps(done, indent=1))

@@ -136,7 +136,7 @@ class SWEEnv(ToolEnv):
                 self.rejected += [(t["instance_id"], str(e)) for t in group]
                 continue
             try:
-                ok, bad = await validate_tasks(group, sandbox, type(sandbox).__name__, cache)
+                ok, bad = await validate_tasks(group, [sandbox], type(sandbox).__name__, cache)
             finally:
                 await sandbox.close()
             valid += ok

@@ -23,6 +23,7 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -392,26 +393,34 @@ class ValidationCache:
         tmp.replace(self.path)
 
 
-async def validate_tasks(tasks: list[dict[str, Any]], sandbox: Sandbox, backend: str,
+async def validate_tasks(tasks: list[dict[str, Any]], sandboxes: Sequence[Sandbox], backend: str,
                          cache: ValidationCache | None = None, log: Any = None,
                          ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-    """Validate every task (cached per task content, backend and runtime build); returns (valid, rejected) where
-    rejected holds (instance_id, reason)."""
+    """Validate every task (cached per task content, backend and runtime build), one task at a time
+    on each of `sandboxes` (validation is one pytest process at a time: a sandbox per core keeps
+    every core busy); returns (valid, rejected) in the tasks' order, rejected holding
+    (instance_id, reason)."""
     cache = cache if cache is not None else ValidationCache()
-    valid: list[dict[str, Any]] = []
-    rejected: list[tuple[str, str]] = []
-    for task in tasks:
-        result = cache.get(task_key(task, backend))
-        if result is None:
-            result = await validate_task(task, sandbox)
-            if not result.error:  # keyed after the run: validation may have built the runtime
-                cache.put(task_key(task, backend), result)
-        if log is not None:
-            log(f"{task['instance_id']}: {'ok' if result.ok else 'REJECTED: ' + result.reason}"
-                f"{' (cached)' if result.cached else f' ({result.seconds:.1f}s)'}")
-        if result.ok:
-            valid.append(task)
-        else:
-            rejected.append((task["instance_id"], result.reason))
+    results: list[Validation | None] = [None] * len(tasks)
+    pending = iter(range(len(tasks)))  # shared: each task goes to the first free sandbox
+
+    async def work(sandbox: Sandbox) -> None:
+        for i in pending:
+            task = tasks[i]
+            result = cache.get(task_key(task, backend))
+            if result is None:
+                result = await validate_task(task, sandbox)
+                if not result.error:  # keyed after the run: validation may have built the runtime
+                    cache.put(task_key(task, backend), result)
+            if log is not None:
+                log(f"{task['instance_id']}: {'ok' if result.ok else 'REJECTED: ' + result.reason}"
+                    f"{' (cached)' if result.cached else f' ({result.seconds:.1f}s)'}")
+            results[i] = result
+
+    if not sandboxes:
+        raise ValueError("validate_tasks needs at least one sandbox")
+    await asyncio.gather(*(work(s) for s in sandboxes))
+    valid = [t for t, r in zip(tasks, results) if r is not None and r.ok]
+    rejected = [(t["instance_id"], r.reason) for t, r in zip(tasks, results) if r is not None and not r.ok]
     return valid, rejected
 

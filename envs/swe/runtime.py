@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -364,6 +364,28 @@ async def make_task_sandbox(cfg: Any, task: dict[str, Any], log: Callable[[str],
         cls = LocalSandbox if cfg.backend == "local" else ProcessSandbox
         return sandbox_with_runtime(cls, Limits.from_config(cfg), runtime)
     return make_sandbox(replace(cfg, image=task.get("image") or cfg.image))
+
+
+def default_workers() -> int:
+    """Sandboxes to run task tests in at once: one per core (a pytest run is one process), at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@contextlib.asynccontextmanager
+async def task_sandboxes(cfg: Any, task: dict[str, Any], n: int,
+                         log: Callable[[str], None] | None = print) -> AsyncIterator[list[Any]]:
+    """`n` fresh sandboxes for `task` (make_task_sandbox), all closed on exit."""
+    import asyncio
+
+    if n < 1:
+        raise ValueError(f"workers must be >= 1, got {n}")
+    sandboxes: list[Any] = []
+    try:
+        for _ in range(n):  # in turn: the first one builds a missing runtime, the others reuse it
+            sandboxes.append(await make_task_sandbox(cfg, task, log=log))
+        yield sandboxes
+    finally:
+        await asyncio.gather(*(s.close() for s in sandboxes))
 
 
 def frozen_requirements(runtime: Runtime) -> list[str]:

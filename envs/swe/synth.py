@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -36,6 +37,7 @@ from agentrl.config import SandboxConfig
 
 from .grade import AGENTRL_DIR, TestRun, is_test_file, parse_pytest_summary, prepare_repo
 from .mutate import Mutation, find_mutations, sample_mutations, two_function_mutations
+from .runtime import default_workers
 from .schema import DATA_DIR, normalize_task, save_tasks
 
 SPEC_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -319,10 +321,12 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
                      max_failing: int = 10, seed: int = 0, archive_dir: Path | None = None,
                      source_ref: str | None = None, log: Any = print,
                      time_budget_s: float = float("inf"),
-                     max_baseline_s: float = 600.0) -> tuple[list[dict[str, Any]], SynthStats]:
+                     max_baseline_s: float = 600.0, workers: int = 1) -> tuple[list[dict[str, Any]], SynthStats]:
     """Synthesise up to `max_tasks` bug-fix tasks from one package (each bug breaks 1..max_failing
-    baseline tests, reproducibly; `validate_task` re-checks them from scratch)."""
-    from .runtime import make_task_sandbox
+    baseline tests, reproducibly; `validate_task` re-checks them from scratch). Mutations are
+    tried on `workers` sandboxes at once, each with its own copy of the package; the tasks kept
+    are the first `max_tasks` in the sampled order, whichever sandbox found them."""
+    from .runtime import task_sandboxes
 
     start = time.perf_counter()
     name, version = parse_spec(spec)
@@ -348,12 +352,16 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     }
     base = normalize_task(base)
     stats = SynthStats()
-    tasks: list[dict[str, Any]] = []
-    sandbox = await make_task_sandbox(sandbox_cfg, base)  # local: the package's runtime venv, mounted
-    try:
-        await prepare_repo(sandbox, base, commit=False)
+    kept: list[tuple[int, dict[str, Any]]] = []  # (index in the sampled order, task)
+    # local: the package's runtime venv, mounted; docker: the package's image
+    async with task_sandboxes(sandbox_cfg, base, workers, log=log) as sandboxes:
+        await asyncio.gather(*(prepare_repo(s, base, commit=False) for s in sandboxes))
         targets = layout.test_files
-        runs = [await _run_tests(sandbox, base, targets, timeout=max_baseline_s) for _ in range(2)]
+        def baseline(i: int) -> Awaitable[TestRun]:  # twice: a test must pass both times
+            return _run_tests(sandboxes[i % len(sandboxes)], base, targets, timeout=max_baseline_s)
+
+        runs = (await asyncio.gather(baseline(0), baseline(1)) if len(sandboxes) > 1  # one sandbox runs one at a time
+                else [await baseline(0), await baseline(1)])
         if any(r.timed_out for r in runs):
             raise RuntimeError(f"{spec}: its tests take longer than {max_baseline_s:.0f} s per run (the limit for "
                                "synthesis, which runs them several times per task)")
@@ -366,21 +374,25 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
         mutations = [m for f, src in sources.items() for m in _safe_mutations(src, f)]
         mutations += two_function_mutations(mutations, k=max(10, len(mutations) // 10), seed=seed)
         stats.candidates = len(mutations)
-        for m in sample_mutations(mutations, max_candidates, seed):
-            if len(tasks) >= max_tasks or time.perf_counter() - start > time_budget_s:
-                break
-            stats.tried += 1
-            stats.tried_ops[m.operator] = stats.tried_ops.get(m.operator, 0) + 1
-            task = await _try_mutation(sandbox, base, m, targets, stable, max_failing,
-                                       timeout=max(30.0, 5 * baseline_s), stats=stats)
-            if task is not None:
-                task["source"] = source_ref or f"file:{archive}"
-                tasks.append(normalize_task(task))
-                stats.kept += 1
-                log(f"{spec}: kept {task['instance_id']} ({m.operator} at {m.path}:{m.lineno}, "
-                    f"{len(task['FAIL_TO_PASS'])} failing)")
-    finally:
-        await sandbox.close()
+        candidates = enumerate(sample_mutations(mutations, max_candidates, seed))  # shared by the workers
+
+        async def work(sandbox: Any) -> None:
+            for index, m in candidates:
+                if len(kept) >= max_tasks or time.perf_counter() - start > time_budget_s:
+                    return
+                stats.tried += 1
+                stats.tried_ops[m.operator] = stats.tried_ops.get(m.operator, 0) + 1
+                task = await _try_mutation(sandbox, base, m, targets, stable, max_failing,
+                                           timeout=max(30.0, 5 * baseline_s), stats=stats)
+                if task is not None:
+                    task["source"] = source_ref or f"file:{archive}"
+                    kept.append((index, normalize_task(task)))
+                    log(f"{spec}: kept {task['instance_id']} ({m.operator} at {m.path}:{m.lineno}, "
+                        f"{len(task['FAIL_TO_PASS'])} failing)")
+
+        await asyncio.gather(*(work(s) for s in sandboxes))
+    tasks = [t for _, t in sorted(kept, key=lambda pair: pair[0])][:max_tasks]
+    stats.kept = len(tasks)
     stats.seconds = time.perf_counter() - start
     return tasks, stats
 
@@ -500,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("stats", help="count tasks by package, split and mutation operator")
     st.add_argument("--tasks", default=None, help="task file, or a shipped set: core, suite, all (default)")
     st.add_argument("--json", action="store_true", help="one JSON object")
+    for p in (s, v):
+        p.add_argument("--workers", type=int, default=default_workers(),
+                       help="sandboxes running tests at once (default: one per core, at most 4)")
     for p in (s, v, b):
         p.add_argument("--backend", choices=["local", "docker"], default="local")
         p.add_argument("--base-image", default="agentrl-base:bookworm")
@@ -510,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["synth", *argv]  # `agentrl swe synth` passes the arguments after "synth"
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "workers", 1) < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
         if args.cmd in ("build", "stats"):
             from .commands import build_cli, stats_cli
 
@@ -536,7 +553,7 @@ async def _synth_cli(args: argparse.Namespace) -> int:
     ref = f"data:{archive.name}" if out.parent == DATA_DIR.resolve() else f"file:{archive}"
     tasks, stats = await synthesize(args.package, _sandbox_config(args), max_tasks=args.max_tasks,
                                     max_candidates=args.max_candidates, max_failing=args.max_failing,
-                                    seed=args.seed, archive_dir=out.parent, source_ref=ref)
+                                    seed=args.seed, archive_dir=out.parent, source_ref=ref, workers=args.workers)
     save_tasks(tasks, out)
     print(f"wrote {len(tasks)} task(s) to {out}; tried {stats.tried} of {stats.candidates} mutations "
           f"(no failing test {stats.no_failure}, too many {stats.too_many_failures}, flaky {stats.flaky}, "
@@ -549,7 +566,7 @@ async def _synth_cli(args: argparse.Namespace) -> int:
 
 async def _validate_cli(args: argparse.Namespace) -> int:
     from .grade import ValidationCache, validate_tasks
-    from .runtime import make_task_sandbox, spec_of
+    from .runtime import spec_of, task_sandboxes
     from .schema import resolve_tasks
 
     tasks = resolve_tasks(args.file)
@@ -565,15 +582,12 @@ async def _validate_cli(args: argparse.Namespace) -> int:
         try:
             if cfg.backend == "docker":
                 ensure_task_image(group[0], cfg.image)
-            sandbox = await make_task_sandbox(cfg, group[0])
-        except RuntimeError as e:
+            async with task_sandboxes(cfg, group[0], min(args.workers, len(group))) as sandboxes:
+                ok, bad = await validate_tasks(group, sandboxes, cfg.backend, cache, log=print)
+        except RuntimeError as e:  # the group's sandbox could not be made (an image or runtime that does not build)
             rejected += [(t["instance_id"], str(e)) for t in group]
             print(f"{key}: REJECTED {len(group)} task(s): {e}")
             continue
-        try:
-            ok, bad = await validate_tasks(group, sandbox, cfg.backend, cache, log=print)
-        finally:
-            await sandbox.close()
         valid += ok
         rejected += bad
     print(f"{len(valid)} valid, {len(rejected)} rejected")
@@ -588,7 +602,7 @@ async def _synth_many_cli(args: argparse.Namespace) -> int:
     specs = [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
     results = await synthesize_many(specs, _sandbox_config(args), Path(args.out_dir), max_tasks=args.max_tasks,
                                     max_candidates=args.max_candidates, seed=args.seed,
-                                    time_budget_s=args.package_budget_s)
+                                    time_budget_s=args.package_budget_s, workers=args.workers)
     print(f"{sum(r.valid for r in results)} valid task(s) from {sum(1 for r in results if r.valid)} of "
           f"{len(results)} package(s) in {args.out_dir}; per package: {Path(args.out_dir) / 'report.json'}")
     for r in results:

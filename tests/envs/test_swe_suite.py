@@ -14,7 +14,7 @@ import pytest
 
 from agentrl.config import SandboxConfig
 from agentrl.envs.swe.grade import ValidationCache, validate_tasks
-from agentrl.envs.swe.runtime import make_task_sandbox
+from agentrl.envs.swe.runtime import task_sandboxes
 from agentrl.envs.swe.schema import builtin_tasks
 from agentrl.envs.swe.synth import ensure_task_image
 
@@ -51,11 +51,8 @@ def revalidate(tasks: list[dict], backend: str, tmp_path: Path) -> list[tuple[st
             group = [t for t in tasks if package(t) == p]
             if backend == "docker":
                 await asyncio.to_thread(ensure_task_image, group[0], cfg.image)
-            sandbox = await make_task_sandbox(cfg, group[0])
-            try:
-                rejected += (await validate_tasks(group, sandbox, backend, cache))[1]
-            finally:
-                await sandbox.close()
+            async with task_sandboxes(cfg, group[0], min(2, len(group))) as sandboxes:  # two at once, as the CLI
+                rejected += (await validate_tasks(group, sandboxes, backend, cache))[1]
         return rejected
 
     return asyncio.run(run())

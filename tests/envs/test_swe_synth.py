@@ -131,6 +131,12 @@ def test_synthesise_and_validate_a_small_package(tmp_path: Path) -> None:
     tasks, stats = asyncio.run(synthesize("minilib==0.1", cfg, max_tasks=3, max_candidates=40, max_failing=3,
                                           archive_dir=tmp_path, source_ref=f"file:{archive}", log=lambda _: None))
     assert stats.baseline_tests == 6 and len(tasks) == 3 and stats.tried >= 3
+    # two sandboxes at once keep the same tasks: the first max_tasks in the sampled order
+    tasks2, stats2 = asyncio.run(synthesize("minilib==0.1", cfg, max_tasks=3, max_candidates=40, max_failing=3,
+                                            archive_dir=tmp_path, source_ref=f"file:{archive}", log=lambda _: None,
+                                            workers=2))
+    assert [t["instance_id"] for t in tasks2] == [t["instance_id"] for t in tasks]
+    assert stats2.baseline_tests == 6 and stats2.tried >= stats.tried
     for t in tasks:
         assert 1 <= len(t["FAIL_TO_PASS"]) <= 3
         assert set(t["FAIL_TO_PASS"]).isdisjoint(t["PASS_TO_PASS"])
@@ -156,13 +162,22 @@ def test_synthesise_and_validate_a_small_package(tmp_path: Path) -> None:
             assert "protected" in (await validate_task(cheat, sandbox)).reason
             # validation results are cached per task content and backend
             cache = ValidationCache(tmp_path / "cache.json")
-            ok, rejected = await validate_tasks([tasks[0], broken], sandbox, "local", cache)
+            ok, rejected = await validate_tasks([tasks[0], broken], [sandbox], "local", cache)
             assert [t["id"] for t in ok] == [tasks[0]["id"]] and rejected[0][0] == broken["id"]
             again = ValidationCache(tmp_path / "cache.json")
             lines: list[str] = []
-            ok2, rejected2 = await validate_tasks([tasks[0], broken], sandbox, "local", again, log=lines.append)
+            ok2, rejected2 = await validate_tasks([tasks[0], broken], [sandbox], "local", again, log=lines.append)
             assert [t["id"] for t in ok2] == [tasks[0]["id"]] and rejected2 == rejected
             assert len(again.data) == 2 and all(line.endswith("(cached)") for line in lines), lines
+            # on two sandboxes at once: the same verdicts, in the tasks' order
+            second = LocalSandbox()
+            try:
+                both = [broken, tasks[0], tasks[1]]
+                ok3, rejected3 = await validate_tasks(both, [sandbox, second], "local",
+                                                      ValidationCache(tmp_path / "two.json"))
+            finally:
+                await second.close()
+            assert [t["id"] for t in ok3] == [tasks[0]["id"], tasks[1]["id"]] and rejected3 == rejected
         finally:
             await sandbox.close()
 
@@ -188,6 +203,8 @@ def test_the_validation_key_changes_when_the_task_runtime_is_rebuilt(tmp_path: P
 def test_cli_errors_are_clear(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["synth", "--package", "toolz"]) == 1
     assert "NAME==VERSION" in capsys.readouterr().err
+    assert main(["validate", "core", "--workers", "0"]) == 1
+    assert capsys.readouterr().err.strip() == "error: --workers must be >= 1, got 0"
 
 
 @pytest.mark.slow
