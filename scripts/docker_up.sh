@@ -28,6 +28,13 @@ if docker info >/dev/null 2>&1; then
 else
     say "starting dockerd (data root $DATA_ROOT, log $LOG)"
     mkdir -p "$DATA_ROOT"
+    # A dockerd that died (a machine restored from a snapshot, a kill -9) leaves its pid file, and a
+    # new dockerd refuses to start while it exists: drop it when no dockerd runs under that pid.
+    PIDFILE=/var/run/docker.pid
+    if [ -f "$PIDFILE" ] && [ "$(cat "/proc/$(cat "$PIDFILE")/comm" 2>/dev/null)" != dockerd ]; then
+        say "removing the stale $PIDFILE (no dockerd runs under its pid)"
+        rm -f "$PIDFILE"
+    fi
     # No bridge and no iptables: sandboxes run with --network none; builds use --network host.
     # setsid: dockerd must outlive this script and any `timeout` wrapping it.
     setsid nohup dockerd --bridge=none --iptables=false --data-root "$DATA_ROOT" >"$LOG" 2>&1 &
