@@ -8,9 +8,17 @@ free pages from every arena (madvise), a few milliseconds at the points where a 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
+import json
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 
 @functools.cache
@@ -29,3 +37,80 @@ def trim_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase marks for bench/memory.py: which phase of a run holds the peak, and what is resident.
+# ---------------------------------------------------------------------------------------------
+
+PHASE_LOG_ENV = "AGENTRL_PHASE_LOG"  # a file path; unset (the default): marking costs nothing
+_tracked: list[tuple[str, Any, Callable[[Any], Iterable[Any]]]] = []  # (component, weakref, tensors of)
+_current = "startup"
+_lock = threading.Lock()
+
+
+def track(component: str, owner: object, tensors: Callable[[Any], Iterable[Any]]) -> None:
+    """Count `tensors(owner)` under `component` in every phase mark while `owner` lives (held by a
+    weak reference). Only when a phase log is being written; a no-op otherwise."""
+    if os.environ.get(PHASE_LOG_ENV):
+        _tracked.append((component, weakref.ref(owner), tensors))
+
+
+def component_bytes() -> dict[str, int]:
+    """Bytes of the tracked components' tensor storages, each storage counted once (the first
+    component to name it claims it: an engine sharing the learner's parameters adds 0)."""
+    seen: set[int] = set()
+    out: dict[str, int] = {}
+    for component, ref, tensors in list(_tracked):
+        owner = ref()
+        if owner is None:
+            continue
+        total = out.setdefault(component, 0)
+        for _ in range(3):  # another thread may change a container while it is walked: retry
+            try:
+                items = list(tensors(owner))
+                break
+            except RuntimeError:
+                items = []
+        for t in items:
+            if t is None:
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr and ptr not in seen:
+                seen.add(ptr)
+                total += storage.nbytes()
+        out[component] = total
+    return out
+
+
+def mark_phase(name: str) -> str:
+    """Note that the run enters phase `name` (one JSON line: wall time, phase, this process's RSS,
+    the tracked components' bytes) when AGENTRL_PHASE_LOG names a file; returns the phase left."""
+    global _current
+    with _lock:
+        left, _current = _current, name
+        path = os.environ.get(PHASE_LOG_ENV)
+        if path:
+            line = {"t": time.time(), "phase": name, "rss": _self_rss(), "components": component_bytes()}
+            with open(path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+    return left
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """`mark_phase(name)` for the block, then back to the phase it interrupted."""
+    left = mark_phase(name)
+    try:
+        yield
+    finally:
+        mark_phase(left)
+
+
+def _self_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.config import Config, ConfigError, dump_config, load_config
 from agentrl.errors import UserError, where
+from agentrl.heap import mark_phase, phase
 from agentrl.progress import status
 from agentrl.types import Group, Trajectory
 
@@ -288,6 +289,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     ckpt_dir = run_dir / "checkpoints"
     log.info("run %s: resolving model %s", run_dir, cfg.model.name)
     status.stage = "loading model"
+    mark_phase("load_model")
     model_path = resolve_configured(cfg.model)
     learner = make_learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
     start_step = 0
@@ -321,6 +323,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     def env_factory() -> Any:
         return make_env(cfg, pool)
 
+    mark_phase("start_engines")
     try:
         engines = await _start_engines(cfg, make_engine)
     except BaseException:
@@ -328,6 +331,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         raise
     from agentrl.stages import Stages
 
+    mark_phase("prepare_stages")  # the eval engine, warm-start demonstrations
     try:  # warm-start data and the held-out set: bad input stops here, before any training
         stages = await Stages.start(cfg, run_dir, learner, env_factory, tasks, extra)
     except BaseException:
@@ -373,7 +377,8 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         progress.update(line)
         status.stage = "rollout"
         if step_done % cfg.trainer.checkpoint_every == 0 or step_done == cfg.trainer.steps or stop.is_set():
-            await asyncio.to_thread(checkpoint, step_done)  # torch.save off the event loop
+            with phase("checkpoint"):
+                await asyncio.to_thread(checkpoint, step_done)  # torch.save off the event loop
         if stop.is_set():
             raise StopTraining
 
@@ -389,6 +394,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
             if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
                 summary["sandbox_pools"] = await pool_metrics(node_pools)
         status.stage = "done"
+        mark_phase("done")
         summary.update(await stages.finish(cfg.trainer.steps))
         (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
     except StopTraining:

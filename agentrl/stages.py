@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
+from agentrl.heap import phase as phase_mark
 from agentrl.heap import trim_heap
 from agentrl.types import Task, Trajectory
 
@@ -91,7 +92,8 @@ class Stages:
             return None
         from agentrl.evaluate import heldout_line
 
-        rec = await self.evaluator.run(self.learner, phase, step)
+        with phase_mark("eval"):
+            rec = await self.evaluator.run(self.learner, phase, step)
         _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
         return rec
 
@@ -127,8 +129,9 @@ class Stages:
                         _say(self.cfg, f"warm start step {row['step'] + 1}/{total}: loss {row['loss']:.3f} "
                                        f"({row['tokens_per_s'] or 0:.0f} tokens/s)")
 
-                self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws, on_step=write,
-                                                         should_stop=should_stop)
+                with phase_mark("warm_start"):
+                    self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws,
+                                                             on_step=write, should_stop=should_stop)
             if should_stop is not None and should_stop():
                 from agentrl.run import StopTraining
 

@@ -8,8 +8,19 @@ learner alone in several precisions.
 
 Run mode polls the RSS of the whole process tree (psutil, every 0.2 s) and prints one JSON line
 with `peak_rss_gb` and `breakdown_gb`. The breakdown is computed from the model's parameter
-count (weights, gradients, two Adam moments, weight copies for the engines), not measured per
-component; `other_gb` (activations, engine KV cache, interpreter, sandboxes) is the remainder.
+count (weights, gradients, two Adam moments, weight copies for the engines); `other_gb`
+(activations, engine KV cache, interpreter, sandboxes) is the remainder.
+
+Phase timeline (agentrl runs): the run writes a line to $AGENTRL_PHASE_LOG whenever it enters a
+phase (agentrl/heap.py `mark_phase`: load_model, start_engines, prepare_stages, eval, warm_start,
+push, rollout = the trainer waiting for a batch, learner_step, sync, checkpoint, done), with the
+bytes of the tensors it tracks (learner weights, gradients, Adam state, engine weights, engine KV,
+relay buffers; each storage counted once). Every RSS sample is assigned to the phase in force,
+so the line says `peak_phase` and each phase's peak (`phases`), and `measured_gb` holds the
+components as measured at the marks around the peak (`at_peak_start` / `at_peak_end`) and their
+maximum over all marks (`max`). With the `global-async` backend the next batch is generated
+while the learner steps, so `learner_step` RSS includes that rollout's KV. `--timeline FILE`
+writes every sample with its phase.
 
 Learner mode times `Learner.step` on a synthetic batch of the real model for each precision /
 checkpointing setting, interleaved in one process, counts the bytes each keeps for backward, and
@@ -19,7 +30,10 @@ compares bf16 log-probs with fp32 ones.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import json
+import os
 import resource
 import subprocess
 import sys
@@ -30,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agentrl.heap import PHASE_LOG_ENV
 from bench._common import ROOT, emit, git_commit, machine_info, utc_now
 
 GB = 1 << 30
@@ -61,18 +76,22 @@ def param_count(model_name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float) -> dict[str, Any]:
+def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None,
+                  samples: list[tuple[float, int]] | None = None) -> dict[str, Any]:
     """Run `cmd`, polling the RSS of its process tree every 0.2 s; its stderr tail, exit code,
-    wall time and peak."""
+    wall time and peak. `samples` (if given) receives every (wall time, bytes) polled."""
     import psutil
 
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a chatty run cannot block on it
-        child = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        child = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
         proc = psutil.Process(child.pid)
         peak, timed_out = 0, False
         while child.poll() is None:
-            peak = max(peak, tree_rss(proc))
+            rss = tree_rss(proc)
+            peak = max(peak, rss)
+            if samples is not None:
+                samples.append((time.time(), rss))
             if time.perf_counter() - t0 > timeout_s:
                 timed_out = True
                 for p in [*proc.children(recursive=True), proc]:
@@ -87,7 +106,59 @@ def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float) -> dict[str, Any]
             "peak_rss_gb": round(peak / GB, 3), "stderr_tail": stderr.strip().splitlines()[-3:]}
 
 
-def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | None = None) -> dict[str, Any]:
+def phase_timeline(samples: list[tuple[float, int]], marks: list[dict[str, Any]],
+                   timeline_path: str | None = None) -> dict[str, Any]:
+    """Each RSS sample assigned to the phase marked last before it: the phase that peaked, each
+    phase's peak and time, the phases in order (consecutive repeats merged), and the components
+    measured at the marks around the peak."""
+    if not samples:
+        return {}
+    times = [m["t"] for m in marks]
+    t_start = samples[0][0]
+
+    def at(t: float) -> int:  # index of the mark in force at time t (-1: before the first)
+        return bisect.bisect_right(times, t) - 1
+
+    def name(i: int) -> str:
+        return marks[i]["phase"] if i >= 0 else "startup"
+
+    per: dict[str, dict[str, float]] = {}
+    spans: list[dict[str, Any]] = []
+    for k, (t, rss) in enumerate(samples):
+        ph = name(at(t))
+        p = per.setdefault(ph, {"peak_gb": 0.0, "time_s": 0.0})
+        p["peak_gb"] = max(p["peak_gb"], rss / GB)
+        p["time_s"] += (samples[k + 1][0] - t) if k + 1 < len(samples) else 0.0
+        if not spans or spans[-1]["phase"] != ph:
+            spans.append({"phase": ph, "start_s": round(t - t_start, 1), "start_gb": round(rss / GB, 3),
+                          "peak_gb": 0.0})
+        spans[-1]["peak_gb"] = round(max(spans[-1]["peak_gb"], rss / GB), 3)
+    t_peak, _ = max(samples, key=lambda s: s[1])
+    i = at(t_peak)
+    comps = {k for m in marks for k in m["components"]}
+
+    def gb(m: dict[str, Any] | None) -> dict[str, float] | None:
+        return {k: round(v / GB, 3) for k, v in m["components"].items()} if m else None
+
+    out: dict[str, Any] = {
+        "peak_phase": name(i), "peak_at_s": round(t_peak - t_start, 1),
+        "phases": {k: {"peak_gb": round(v["peak_gb"], 3), "time_s": round(v["time_s"], 1)}
+                   for k, v in per.items()},
+        "timeline": spans[:200] if len(spans) <= 200 else [*spans[:100], *spans[-100:]],
+        "measured_gb": {"at_peak_start": gb(marks[i] if i >= 0 else None),
+                        "at_peak_end": gb(marks[i + 1] if i + 1 < len(marks) else None),
+                        "max": {k: round(max(m["components"].get(k, 0) for m in marks) / GB, 3) for k in comps}},
+    }
+    if timeline_path:
+        with open(timeline_path, "w") as f:
+            for t, rss in samples:
+                f.write(json.dumps({"t_s": round(t - t_start, 2), "rss_gb": round(rss / GB, 4),
+                                    "phase": name(at(t))}) + "\n")
+    return out
+
+
+def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | None = None,
+             timeline_path: str | None = None) -> dict[str, Any]:
     """`agentrl train --env ENV OVERRIDES` from this checkout, or any shell `command` (e.g.
     `make train` in a fresh clone, which builds its own venv) in the current directory."""
     if command is not None:
@@ -95,7 +166,11 @@ def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | No
         return {"mode": "command", "command": command, "cwd": str(Path.cwd()), **rec}
     run_dir = tempfile.mkdtemp(prefix="agentrl-mem-")
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", env, "--quiet", f"run.dir={run_dir}", *overrides]
-    rec = peak_tree_rss(cmd, ROOT, timeout_s)
+    marks_file = Path(run_dir) / "phases.jsonl"
+    samples: list[tuple[float, int]] = []
+    rec = peak_tree_rss(cmd, ROOT, timeout_s, env={**os.environ, PHASE_LOG_ENV: str(marks_file)}, samples=samples)
+    marks = [json.loads(line) for line in marks_file.read_text().splitlines()] if marks_file.exists() else []
+    rec.update(phase_timeline(samples, marks, timeline_path))
     n = param_count("smollm2-135m")
     w = n * 4 / GB  # fp32
     # Learner weights + grads + 2 Adam moments; one engine model; one copy in flight for the push.
@@ -199,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--learner", action="store_true", help="time the learner alone per precision")
     ap.add_argument("--command", help="run this shell command instead (in the current directory), e.g. "
                                       "'make train' in a fresh clone")
+    ap.add_argument("--timeline", help="run mode: write every RSS sample with its phase to this JSONL file")
     ap.add_argument("--rows", type=int, default=2)
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=2, help="learner mode: timed steps per configuration")
@@ -206,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     t0 = utc_now()
     rec = (learner_mode(args.rows, args.length, args.rounds) if args.learner
-           else run_mode(args.env, args.overrides or ["trainer.steps=1"], args.timeout, args.command))
+           else run_mode(args.env, args.overrides or ["trainer.steps=1"], args.timeout, args.command, args.timeline))
     emit({"bench": "memory", "started": t0, "commit": git_commit(), "machine": machine_info(), **rec})
 
 

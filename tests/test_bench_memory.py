@@ -28,6 +28,10 @@ def test_memory_bench_prints_the_peak_of_a_real_run() -> None:
     assert 0.4 < weights < 0.6  # the 135M model in fp32
     # at least the learner's and the rollout engine's weights were resident at once
     assert line["peak_rss_gb"] > 2 * weights and "load_avg" in line["machine"]
+    # the phase timeline: the run marked its phases and the peak falls in one of them
+    assert line["peak_phase"] in line["phases"] and {"load_model", "push", "rollout"} <= set(line["phases"])
+    measured = line["measured_gb"]["max"]
+    assert abs(measured["learner_weights"] - weights) < 0.01 and measured["relay_buffers"] > 0
 
 
 @pytest.mark.parametrize("timeout", [600, 3])
@@ -44,3 +48,43 @@ def test_memory_bench_wraps_any_command_and_kills_its_tree_on_timeout(tmp_path: 
         assert line["timed_out"] and line["exit_code"] != 0 and line["wall_s"] < 6
     else:
         assert not line["timed_out"] and line["exit_code"] == 0 and line["stderr_tail"] == ["done"]
+
+
+def test_phase_timeline_names_the_phase_that_peaked_and_the_components_there(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from agentrl import heap
+    from bench.memory import GB, phase_timeline
+
+    log = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(heap.PHASE_LOG_ENV, str(log))
+    monkeypatch.setattr(heap, "_tracked", [])
+
+    class Owner:
+        def __init__(self) -> None:
+            self.a = torch.zeros(1 << 18)  # 1 MiB
+            self.view = self.a[10:]  # the same storage: counted once
+
+    owner = Owner()
+    heap.track("weights", owner, lambda o: [o.a])
+    heap.track("copies", owner, lambda o: [o.view, None])
+    heap.mark_phase("rollout")
+    with heap.phase("learner_step"):
+        pass
+    marks = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [m["phase"] for m in marks] == ["rollout", "learner_step", "rollout"]
+    assert marks[0]["components"] == {"weights": 1 << 20, "copies": 0} and marks[0]["rss"] > 0
+    # samples: 1 GB in rollout, 3 GB in the learner step, 2 GB after it
+    for i, m in enumerate(marks):  # marks 10 s apart
+        m["t"] = 1000.0 + 10 * i
+    t = [m["t"] for m in marks]
+    samples = [(t[0] - 1, GB // 2), (t[0] + 1, GB), (t[1] + 1, 3 * GB), (t[2] + 1, 2 * GB)]
+    out = phase_timeline(samples, marks, str(tmp_path / "timeline.jsonl"))
+    assert out["peak_phase"] == "learner_step"
+    assert out["phases"]["learner_step"]["peak_gb"] == 3.0 and out["phases"]["rollout"]["peak_gb"] == 2.0
+    assert [s["phase"] for s in out["timeline"]] == ["startup", "rollout", "learner_step", "rollout"]
+    assert out["measured_gb"]["at_peak_start"]["weights"] == round((1 << 20) / GB, 3)
+    assert len((tmp_path / "timeline.jsonl").read_text().splitlines()) == 4
+    del owner  # a freed owner is no longer counted
+    assert heap.component_bytes() == {}

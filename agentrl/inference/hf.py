@@ -34,6 +34,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agentrl.heap import track
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.sampling import processed_logprobs, sample_tokens
 from agentrl.models import load_model, load_tokenizer
@@ -116,6 +117,8 @@ class HFEngine:
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0}
+        track("engine_weights", self, lambda e: e.model.parameters())  # bench/memory.py's phase marks
+        track("engine_kv", self, lambda e: e._kv_tensors())
 
     def _eos_ids(self) -> frozenset[int]:
         ids = set()
@@ -187,6 +190,14 @@ class HFEngine:
         self._prefix.clear()
         self._executor.shutdown(wait=False)
         self._empty.set()  # a load_weights waiting for the drain must not hang
+
+    def _kv_tensors(self) -> list[torch.Tensor]:
+        """The KV tensors held now: the running batch's cache and the prefix store's entries."""
+        out = [kv for _, layers, _ in list(self._prefix._entries.values()) for pair in layers for kv in pair]
+        batch = self._batch
+        if batch is not None:
+            out += [t for layer in batch.cache.layers for t in (layer.keys, layer.values) if t is not None]
+        return out
 
     @property
     def mean_batch_size(self) -> float:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.heap import trim_heap
+from agentrl.heap import mark_phase, phase, trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
@@ -152,7 +152,8 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
 
 
 def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
-    metrics = learner.step(groups)
+    with phase("learner_step"):
+        metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
 
@@ -228,12 +229,14 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     v = learner.version
-    await system.chain.push(await asyncio.to_thread(weight_views, learner), v)  # relays start from v
+    with phase("push"):
+        await system.chain.push(await asyncio.to_thread(weight_views, learner), v)  # relays start from v
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
     records: list[dict[str, Any]] = []
     for step in range(steps):
         t0 = time.perf_counter()
+        mark_phase("rollout")  # the trainer waits for a batch (bench/memory.py's timeline)
         groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
                                           max_gen_batches, release_more=backend != "laminar")
         wait_s = time.perf_counter() - t0
@@ -248,6 +251,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version
         t2 = time.perf_counter()
+        mark_phase("push")
         # the copy runs off the event loop: heartbeats and the manager keep ticking meanwhile
         # views, not a clone: the push copies them into the relay's buffer before the next step
         weights = await asyncio.to_thread(weight_views, learner) if updated else {}
@@ -258,7 +262,9 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         await system.buffer.set_version(v)
         sync_s = 0.0
         if backend != "laminar" and updated:
+            mark_phase("sync")
             sync_s = await barrier(system, v)
+        mark_phase("rollout")
         if backend == "sync":  # also after a skipped step (nothing trainable): the run must go on
             await system.prompts.allow(batch_groups, min_version=v)
         await system.manager.trigger()

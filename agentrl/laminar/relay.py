@@ -20,6 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from agentrl.heap import track
 from agentrl.laminar.runtime import ActorDied
 
 FetchPolicy = Literal["wait_inflight", "local"]
@@ -172,6 +173,8 @@ class Relay:
         # in a one-process run for the whole of every learner step (issue 16's memory budget).
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "buffers_allocated": 0}
+        track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
+                                                 *(i.flat for i in list(r._incoming.values()))])
 
     # -- topology ------------------------------------------------------------------------------
 

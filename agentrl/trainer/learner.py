@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
+from agentrl.heap import track
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -157,6 +158,12 @@ class Learner:
         self.rank, self.world = 0, 1  # data-parallel position; distributed.shard_learner sets them
         self.version = 0  # global batches trained = weight version pushed to engines
         self.global_step = 0  # optimizer steps
+        track("learner_weights", self, lambda lr: lr.model.parameters())  # bench/memory.py's phase marks
+        track("gradients", self, lambda lr: (p.grad for p in lr.model.parameters()))
+        track("optimizer", self, lambda lr: (t for st in list(lr.optimizer.state.values()) for t in st.values()
+                                             if isinstance(t, torch.Tensor)))
+        if self.ref_model is not None:
+            track("reference_model", self, lambda lr: lr.ref_model.parameters())
 
     # ------------------------------------------------------------------ rewards / advantages
 
