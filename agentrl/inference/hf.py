@@ -113,6 +113,7 @@ class HFEngine:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._prefix = _PrefixStore(int(prefix_cache_mb * 2**20))
+        self._borrowed: set[str] = set()  # parameters that are views of weights the engine does not own
         # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused.
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
@@ -147,8 +148,10 @@ class HFEngine:
         return await request.future
 
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Swap weights on an empty engine: new requests wait, running ones finish first."""
-        await self._swap(state_dict, version, share=False)
+        """Swap weights on an empty engine: new requests wait, running ones finish first. Weights
+        marked read-only (a relay snapshot, `relay.ReadOnlyWeights`) are shared, not copied: the
+        model's parameters become views of them (one copy of the rollout weights per process)."""
+        await self._swap(state_dict, version, share=bool(getattr(state_dict, "read_only", False)))
 
     async def share_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """As `load_weights`, but the model takes the given tensors as its parameters where dtype
@@ -174,6 +177,13 @@ class HFEngine:
         same prompts start each run cold."""
         await asyncio.get_running_loop().run_in_executor(self._executor, self._prefix.clear)
         self.metrics["prefix_cache_bytes"] = 0
+
+    async def drop_prefixes(self) -> int:
+        """Forget every kept prefix to free its memory (the loop calls it when the trajectories
+        that would extend them have all finished); returns the bytes released."""
+        freed = self._prefix.bytes
+        await self.reset_prefix_cache()
+        return freed
 
     async def close(self) -> None:
         """Stop the scheduler; requests still waiting or running finish with reason 'abort'."""
@@ -240,6 +250,12 @@ class HFEngine:
                 target = live.get(name)
                 if share and target is not None and value.dtype == target.dtype and value.device == target.device:
                     target.data = value.detach()  # the same Parameter object: tied weights stay tied
+                    self._borrowed.add(name)
+                elif target is not None and name in self._borrowed:
+                    # the parameter is someone else's memory (a relay snapshot, the learner's
+                    # weights): never write into it; take a private copy instead
+                    target.data = value.detach().to(dtype=target.dtype, device=target.device, copy=True)
+                    self._borrowed.discard(name)
                 else:
                     params[name].copy_(value)
         self._prefix.clear()  # the kept KV belongs to the old weights

@@ -82,27 +82,48 @@ class TensorSpec:
 
 
 def layout(state_dict: dict[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], int]:
-    """Where each tensor lives in the flat buffer, and the buffer's size in bytes."""
+    """Where each tensor lives in the flat buffer, and the buffer's size in bytes. Names that are
+    the same tensor (tied weights: a causal LM's `lm_head.weight` is its embedding matrix) share
+    one byte range, so the buffer holds every distinct tensor once."""
     specs, offset = [], 0
+    placed: dict[tuple[Any, ...], int] = {}  # (address, dtype, shape, strides) -> offset
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state_dict[{name!r}] is {type(t).__name__}, expected a torch.Tensor")
         nbytes = t.numel() * t.element_size()
-        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-        offset += -(-nbytes // _ALIGN) * _ALIGN
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        at = placed.get(key) if nbytes and t.data_ptr() else None
+        if at is None:
+            at = placed[key] = offset
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), at, nbytes))
     return tuple(specs), offset
 
 
 def flatten_into(state_dict: dict[str, torch.Tensor], specs: tuple[TensorSpec, ...],
                  flat: torch.Tensor) -> None:
-    """Copy every tensor into its byte range of `flat` (the real copy of a push)."""
+    """Copy every tensor into its byte range of `flat` (the real copy of a push); a range two
+    tied names share is copied once."""
+    done: set[int] = set()
     for s in specs:
+        if s.nbytes and s.offset in done:
+            continue
+        done.add(s.offset)
         src = state_dict[s.name].detach().reshape(-1).contiguous()
         flat[s.offset:s.offset + s.nbytes].copy_(src.view(torch.uint8))
 
 
+class ReadOnlyWeights(dict):  # type: ignore[type-arg]
+    """A state dict whose tensors nobody writes again (a relay's complete snapshot: a new version
+    goes into a new buffer). An in-process engine may take them as its parameters instead of
+    copying them (HFEngine.load_weights), so a one-process run keeps one copy of the rollout
+    weights, not the relay's and the engine's."""
+
+    read_only = True
+
+
 def unflatten(specs: tuple[TensorSpec, ...], flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Views into `flat` (no copy): the engine's load_weights copies them into its model."""
+    """Views into `flat` (no copy); an engine's load_weights copies or shares them."""
     return {s.name: flat[s.offset:s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)
             for s in specs}
 
@@ -116,7 +137,8 @@ class WeightSnapshot:
     flat: torch.Tensor
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return unflatten(self.specs, self.flat)
+        """Views of this version's buffer, which is never written again once complete."""
+        return ReadOnlyWeights(unflatten(self.specs, self.flat))
 
     @property
     def nbytes(self) -> int:
