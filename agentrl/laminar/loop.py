@@ -56,6 +56,7 @@ class LaminarSystem:
     backend: str
     heartbeat_s: float = 1.0
     started: float = field(default_factory=time.perf_counter)
+    engines: list[Any] = field(default_factory=list)  # in-process engine objects (none on Ray)
 
 
 def resolve_backend(backend: str, num_workers: int, runtime_kind: str) -> str:
@@ -137,7 +138,8 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                        max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
                        heartbeat_s=lam.heartbeat_s, name="manager")
     await manager.start()
-    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s)
+    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s,
+                         engines=[e for e in engines if hasattr(e, "generate")])
 
 
 async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
@@ -217,6 +219,20 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
     return sampler.take(), metrics
 
 
+async def drop_finished_prefixes(system: LaminarSystem) -> None:
+    """Release the KV the in-process engines keep for next turns (HFEngine.drop_prefixes) once the
+    trainer holds its batch, on the batch-at-a-time backends: every trajectory of that batch has
+    finished, so nothing will extend those prefixes, yet the store would hold them through the
+    learner step until the weight swap drops them. (`laminar` keeps them: its rollouts never stop.)"""
+    freed = 0
+    for engine in system.engines:
+        drop = getattr(engine, "drop_prefixes", None)
+        if drop is not None:
+            freed += await drop()
+    if freed:
+        trim_heap()
+
+
 async def _buffer_version(system: LaminarSystem) -> int:
     return int((await system.buffer.stats())["version"])
 
@@ -240,6 +256,8 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
                                           max_gen_batches, release_more=backend != "laminar")
         wait_s = time.perf_counter() - t0
+        if backend != "laminar":
+            await drop_finished_prefixes(system)  # before the next batch is released
         # The cursors to resume from (taken before the next batch is released: on `sync` they
         # point exactly past this batch; on `laminar` the groups in flight now are skipped).
         resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.state_dict()}
