@@ -203,8 +203,12 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "float32",
                device: str = "cpu", **kwargs: Any) -> PreTrainedModel:
-    """A causal LM from a model folder (or name), in eval mode on `device`."""
+    """A causal LM from a model folder (or name), in eval mode on `device`, with grouped-query
+    attention that does not copy key/value heads (agentrl/attention.py) unless told otherwise."""
     from transformers import AutoModelForCausalLM
 
+    from agentrl.attention import register
+
+    kwargs.setdefault("attn_implementation", register())
     model = AutoModelForCausalLM.from_pretrained(str(_as_folder(path)), dtype=torch_dtype(dtype), **kwargs)
     return model.to(device).eval()

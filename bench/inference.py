@@ -1,11 +1,16 @@
 """Model load and hf-engine throughput on the embedded model; prints one JSON line.
 
-    python bench/inference.py [--convert] [--tokens 64] [--concurrency 8]
+    python bench/inference.py [--convert] [--tokens 64] [--concurrency 8] [--decode-rows 11 --decode-context 2000]
 
 Figures: `convert_s` (GGUF → HF folder into a fresh temp cache, only with --convert),
 `cache_hit_resolve_s` (no conversion), `cache_hit_load_s` (resolve + load model + tokenizer), `single_tok_s` and
 `concurrent_tok_s` (generated tokens per second for one request and for N concurrent ones),
 `concurrent_over_single`, and the engine's mean batch size during the concurrent run.
+`decode_step_cpu_s` (with `--decode-rows`): the CPU seconds of one batched decode step over a
+left-padded cache of `--decode-context` tokens per row, one thread, for transformers' `sdpa`
+(which copies the key/value heads per query head when there is a mask) and agentrl's `sdpa_gqa`
+(agentrl/attention.py), interleaved in one process; CPU time, not wall time, so a shared
+machine's load does not tilt the ratio `decode_step_sdpa_over_gqa`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -47,11 +55,52 @@ async def throughput(path: str, tokens: int, concurrency: int) -> dict[str, floa
             "concurrency": concurrency, "max_tokens": tokens}
 
 
+def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int = 4) -> dict[str, Any]:
+    """CPU seconds per decode step, per attention implementation, best of `rounds`; and whether
+    the two give the same logits."""
+    from transformers import DynamicCache
+
+    models = {impl: load_model(path, attn_implementation=impl) for impl in ("sdpa", "sdpa_gqa")}
+    config = models["sdpa"].config
+    kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the engine on a 2-core machine (HFEngine.num_threads)
+    best: dict[str, float] = {}
+    logits: dict[str, torch.Tensor] = {}
+    try:
+        for _ in range(rounds):
+            for impl, model in models.items():
+                torch.manual_seed(0)
+                cache = DynamicCache(config=config)
+                for layer in cache.layers:
+                    layer.update(torch.randn(rows, kv_heads, context, head_dim), torch.randn(rows, kv_heads, context, head_dim))
+                mask = torch.ones(rows, context, dtype=torch.long)
+                mask[:, : context // 10] = 0  # left padding, as rows of different lengths have
+                ids = torch.randint(100, 1000, (rows, 1))
+                start = time.process_time()
+                with torch.no_grad():
+                    for s in range(steps):
+                        mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], 1)
+                        position = torch.full((rows, 1), context - context // 10 + s)
+                        out = model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache,
+                                    use_cache=True)
+                best[impl] = min(best.get(impl, float("inf")), (time.process_time() - start) / steps)
+                logits[impl] = out.logits[:, -1]
+    finally:
+        torch.set_num_threads(previous)
+    return {"decode_rows": rows, "decode_context": context,
+            "decode_step_cpu_s": {k: round(v, 4) for k, v in best.items()},
+            "decode_step_sdpa_over_gqa": round(best["sdpa"] / best["sdpa_gqa"], 2),
+            "decode_logits_max_abs_diff": float((logits["sdpa"] - logits["sdpa_gqa"]).abs().max())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--convert", action="store_true", help="also time a conversion into a fresh cache")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--decode-rows", type=int, default=0, help="also time one decode step of this many rows")
+    parser.add_argument("--decode-context", type=int, default=2000, help="cached tokens per row for --decode-rows")
     args = parser.parse_args()
     figures: dict[str, float] = {}
     if args.convert:
@@ -67,6 +116,8 @@ def main() -> None:
     load_tokenizer(path)
     figures["cache_hit_load_s"] = round(time.perf_counter() - start, 3)  # includes first transformers imports
     figures.update(asyncio.run(throughput(str(path), args.tokens, args.concurrency)))
+    if args.decode_rows:
+        figures.update(decode_step(str(path), args.decode_rows, args.decode_context))
     emit({**figures, "machine": machine_info()})  # load average at the end
 
 
