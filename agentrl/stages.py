@@ -94,6 +94,9 @@ class Stages:
 
         with phase_mark("eval"):
             rec = await self.evaluator.run(self.learner, phase, step)
+            drop = getattr(self.eval_engine, "drop_prefixes", None)
+            if drop is not None and await drop():  # its kept KV would sit idle until the next evaluation
+                trim_heap()
         _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
         return rec
 

@@ -219,6 +219,23 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
     return sampler.take(), metrics
 
 
+async def share_first_snapshot(system: LaminarSystem, version: int, timeout_s: float = 60.0) -> None:
+    """In-process engines take the relay's first snapshot as their weights (HFEngine shares a
+    read-only snapshot instead of copying it). Their workers would not pull it (they already run
+    version `version`, loaded from disk), so without this a one-process run would hold the engine's
+    own copy and the relay's for as long as no step trains. Engine i reads relay i mod n, as its
+    worker does; the engines are idle (nothing is released before this push)."""
+    relays = system.chain.relays
+    for i, engine in enumerate(system.engines):
+        if not getattr(engine, "shares_read_only_weights", False):  # one that copies (vLLM, a server): no gain
+            continue
+        snap = await relays[i % len(relays)].fetch_latest(version - 1, "wait_inflight", timeout_s)
+        if snap is not None and snap.version == version:
+            await engine.load_weights(snap.state_dict(), version)
+    if system.engines:
+        trim_heap()
+
+
 async def drop_finished_prefixes(system: LaminarSystem) -> None:
     """Release the KV the in-process engines keep for next turns (HFEngine.drop_prefixes) once the
     trainer holds its batch, on the batch-at-a-time backends: every trajectory of that batch has
@@ -247,6 +264,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
     v = learner.version
     with phase("push"):
         await system.chain.push(await asyncio.to_thread(weight_views, learner), v)  # relays start from v
+        await share_first_snapshot(system, v)
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
     records: list[dict[str, Any]] = []

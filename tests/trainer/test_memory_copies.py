@@ -112,3 +112,53 @@ async def test_prefix_store_is_empty_during_the_learner_step():
         await engine.close()
     assert engine.metrics["prefix_hit_tokens"] > 0  # the store was in use between turns
     assert len(held) == 2 and held[0] == 0
+
+
+async def test_engine_shares_the_first_push_and_holds_no_weights_of_its_own(cfg, learner):
+    """Before any step trains, the rollout engine's weights are the relay's v0 buffer (its worker
+    never pulls v0: it loaded the same weights from disk)."""
+    from agentrl.laminar.loop import build_system, shutdown, train
+    from agentrl.laminar.runtime import LocalRuntime
+    from tests.laminar.helpers import make_spread_env, small_config, tail_tasks
+
+    small = small_config("global-async", **{"laminar.num_relays": 1})
+    engine = make_engine(cfg)
+    own = {p.data_ptr() for p in engine.model.parameters()}
+    system = await build_system(small, make_spread_env, tail_tasks(1), [engine], LocalRuntime())
+    try:
+        await train(system, learner, 0, 1)  # the first push only
+        snap = await system.chain.master.fetch_latest(-1, policy="local")
+        assert snap.version == learner.version
+        assert all(_inside(p, snap.flat) for p in engine.model.parameters())
+        assert not own & {p.data_ptr() for p in engine.model.parameters()}
+    finally:
+        await shutdown(system)
+        await engine.close()
+
+
+async def test_eval_engine_keeps_no_kv_after_an_evaluation(tmp_path, learner):
+    from agentrl.run import make_env
+    from agentrl.sandboxes import make_pool
+    from agentrl.stages import Stages
+
+    cfg = load_config(env="code", overrides=["trainer.warm_start.enabled=false", "eval.enabled=true", "eval.n=2",
+                                             "sampling.max_tokens=8", "env.max_turns=1", "sandbox.pool_size=2"])
+    pool = make_pool(cfg.sandbox, run_id="evalkv", name="evalkv")
+    await pool.start()
+    stages = await Stages.start(cfg, tmp_path, learner, lambda: make_env(cfg, pool), [])
+    freed: list[int] = []
+    drop = stages.eval_engine.drop_prefixes
+
+    async def spy() -> int:
+        freed.append(await drop())
+        return freed[-1]
+
+    stages.eval_engine.drop_prefixes = spy
+    try:
+        await stages.evaluate("base", 0)
+        assert stages.eval_engine.metrics["prefill_tokens"] > 0
+        assert freed and freed[0] > 0  # it kept the finished turns' KV ...
+        assert stages.eval_engine._prefix.bytes == 0  # ... and released it when the evaluation ended
+    finally:
+        await stages.close()
+        await pool.close()
