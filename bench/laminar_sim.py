@@ -25,14 +25,20 @@ source:
   fills, the newest sequence is preempted and later re-prefilled.
 - prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound;
   it stalls decoding except for the compute a memory-bound decode step leaves idle (chunked
-  prefill), so a re-prefill onto a lightly loaded repack destination is nearly free, and the
-  re-prefill of every sequence after a partial-rollout interruption is not.
+  prefill, vLLM V1), so a re-prefill onto a lightly loaded repack destination is nearly free;
+  AReaL's SGLang does not mix prefill into decode by default, so the re-prefill of every
+  sequence after a partial-rollout interruption pauses decoding.
 - training (verl's FSDP for every system but AReaL): 8·P FLOPs per token (forward, backward,
   recomputed forward) + 2·P for the old-log-prob pass; per micro-batch the ZeRO-3 parameter
   all-gathers (forward, backward) and the fp32 gradient reduce-scatter inside the FSDP group
   (NVLink within a machine, the NICs across machines), overlapped with compute -- a floor per
-  optimizer step that does not shrink as GPUs are added. AReaL: Megatron TP×PP with a 1F1B
-  bubble and the distributed optimizer's DP traffic.
+  optimizer step that does not shrink as GPUs are added. Every optimizer step waits for its
+  most loaded data-parallel unit: verl's balance_batch evens each unit's share of the whole
+  batch, not of each mini-batch, so under strong scaling (fewer sequences per unit and step)
+  the skewed lengths stop averaging out. AReaL: Megatron TP×PP with a 1F1B bubble, the
+  distributed optimizer's DP traffic and the same per-step straggler.
+- Laminar's rollouts each pull their share of a global batch (512 trajectories per 32B replica
+  at 128 GPUs, as in the paper's Fig. 9), capped at 1024; AReaL keeps 1024 in flight.
 - weights: NCCL global sync = FSDP gather + a pipelined ring broadcast of each rollout shard
   (the App. D chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the
   master relay (the actor's only stall), the App. D chain broadcast between relays, a PCIe
@@ -127,6 +133,10 @@ class Params:
     storage_transfer_s: float = _p(15.0, "paper §4.1: TCP transfer of it to/from the storage system adds 10-20 s "
                                    "(midpoint); AReaL v0.3 syncs weights this way (realhf GserverManager: "
                                    "update_weights_from_disk)")
+    sglang_mixed_chunk: bool = _p(False, "SGLang ServerArgs default enable_mixed_chunk=False: a prefill batch pauses "
+                                  "decoding (AReaL's rollouts, incl. the re-prefill after every partial-rollout "
+                                  "interruption); vLLM V1 (0.9, every other system) mixes chunked prefill into "
+                                  "decode steps, so prefill there uses the compute a memory-bound step leaves idle")
     rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
@@ -144,6 +154,11 @@ class Params:
                            "vLLM through verl); paper App. A.2: 1024 trajectories per replica")
     concurrency: int = _p(1024, "paper App. A.2: max 1024 trajectories per replica (AReaL, Laminar)")
     c_max: float = _p(0.99, "paper §5.2: C_max above 99% of the KV cache")
+    rollout_batch_share: bool = _p(True, "inferred (the paper gives only the cap, App. A.2): a Laminar rollout pulls "
+                                   "its share of a global batch, ceil(512 prompts / replicas) groups, at most "
+                                   "`concurrency` trajectories. With 1024 per replica, 64 replicas (7B/256) would "
+                                   "hold 8 global batches in flight and by Little's law a trajectory would wait ~8 "
+                                   "iterations on average, against Fig. 10's staleness 'typically under 3'")
     repack_interval_s: float = _p(5.0, "paper §5.1: periodic check every 5 s")
     # -- the run --
     warmup: int = _p(3, "iterations before measuring (paper: 10 warm-up, then 5 measured)")
@@ -217,6 +232,37 @@ def placement(system: str, model: str, gpus: int) -> tuple[int, int]:
     return gpus - roll, roll
 
 
+def step_loads(tokens: float, steps: int, units: int, lengths: list[float] | None = None) -> list[float]:
+    """Tokens on the most loaded data-parallel unit in each optimizer step.
+
+    verl's `balance_batch` (on by default) splits the batch into equal-count partitions with
+    balanced token sums (Karmarkar-Karp; greedy longest-first here) and keeps each partition in
+    its original order; each unit then cuts its share into `steps` consecutive mini-batches
+    (`ppo_mini_batch_size` per rank), and every optimizer step waits for the unit whose
+    mini-batch holds the most tokens. Without `lengths`: a perfectly even split."""
+    steps = max(1, steps)
+    if not lengths:
+        return [tokens / steps / max(1, units)] * steps
+    units = max(1, min(units, len(lengths)))
+    cap = -(-len(lengths) // units)
+    heap = [(0.0, u) for u in range(units)]
+    parts: list[list[int]] = [[] for _ in range(units)]
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        total, u = heapq.heappop(heap)
+        while len(parts[u]) >= cap:  # a full partition takes no more
+            total, u = heapq.heappop(heap)
+        parts[u].append(i)
+        heapq.heappush(heap, (total + lengths[i], u))
+    loads = [0.0] * steps
+    for part in parts:
+        part.sort()
+        k = len(part)
+        for s in range(steps):
+            chunk = part[s * k // steps:(s + 1) * k // steps]
+            loads[s] = max(loads[s], sum(lengths[i] for i in chunk))
+    return loads
+
+
 # ---------------------------------------------------------------------------------------------
 # the virtual clock
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +293,11 @@ def drive(coro: Any) -> Any:
         return e.value
     coro.close()
     raise RuntimeError("simulated call blocked")
+
+
+def seq_tokens(trajs: list[Trajectory]) -> list[float]:
+    """Prompt + response tokens of each sampled trajectory (what the trainer processes)."""
+    return [t.metrics["tokens"] for t in trajs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +454,8 @@ class Replica:
         prefill = 0.0
         conc = self.sim.p.max_num_seqs
         busy = len(self.running)
-        free = max(0.0, 1.0 - busy * self._per_seq / self.step_time()) if busy else 0.0
+        mixed = self.sim.mixed_prefill()
+        free = max(0.0, 1.0 - busy * self._per_seq / self.step_time()) if busy and mixed else 0.0
         while self.waiting and len(self.running) < conc:
             s = self.waiting[0]
             ctx = self._ctx(s)
@@ -523,6 +575,10 @@ class System:
     def tp(self) -> int:
         return self.model.batched_tp
 
+    def mixed_prefill(self) -> bool:
+        """vLLM V1 mixes chunked prefill into decode steps (`sglang_mixed_chunk` for AReaL)."""
+        return True
+
     # -- workload ---------------------------------------------------------------------------
 
     def new_group(self, version: int) -> list[Seq]:
@@ -537,7 +593,11 @@ class System:
 
     # -- training ---------------------------------------------------------------------------
 
-    def train_time(self, tokens: float, steps: int) -> float:
+    def dp_units(self) -> int:
+        """Data-parallel units of the trainer: FSDP ranks grouped by Ulysses sequence parallelism."""
+        return max(1, self.train_gpus // min(self.model.sp, self.train_gpus))
+
+    def train_time(self, tokens: float, steps: int, lengths: list[float] | None = None) -> float:
         """verl's FSDP (ZeRO-3, HSDP) trainer on `train_gpus`: `steps` optimizer steps over `tokens`.
 
         Compute: `train_flops`·P per token (forward, backward, recomputed forward) plus the
@@ -548,22 +608,30 @@ class System:
         compute, so a micro-batch takes the longer of the two. Inside one machine the group
         talks over NVLink, across machines over the NICs -- a cost per micro-batch that does
         not shrink as GPUs are added (strong scaling). Per step, the gradient shards are
-        all-reduced across the data-parallel replicas of the FSDP group."""
+        all-reduced across the data-parallel replicas of the FSDP group.
+
+        With the batch's sequence lengths (`lengths`, prompt + response tokens), every optimizer
+        step waits for its most loaded data-parallel unit (`step_loads`): under strong scaling
+        each unit holds fewer sequences per mini-batch and the skewed lengths no longer average
+        out."""
         p, m = self.p, self.model
         n = self.train_gpus
         f = min(m.fsdp, n)
         bw = p.nvlink_bps if f <= p.gpus_per_node else p.nic_bps
         gather = 2 * m.params * (f - 1) / f / bw
         reduce = p.grad_reduce_bytes * m.params * (f - 1) / f / bw
-        rate = n * p.gpu_flops * p.mfu_train
-        per_step = tokens / max(1, steps)
         sp = min(m.sp, n)
-        micro = max(1, math.ceil(per_step / (n // sp) / (p.micro_tokens * sp)))
-        fb = p.train_flops * m.params * per_step / rate / micro
-        lp = p.logprob_flops * m.params * per_step / rate / micro
+        units = self.dp_units()
+        unit_rate = sp * p.gpu_flops * p.mfu_train  # one unit's GPUs share its sequences
         groups = n // f
         ddp = 2 * p.grad_reduce_bytes * m.params / f / p.nic_bps * (groups - 1) / groups if groups > 1 else 0.0
-        return steps * (micro * (max(fb, 2 * gather + reduce) + max(lp, gather)) + ddp)
+        total = 0.0
+        for load in step_loads(tokens, steps, units, lengths):
+            micro = max(1, math.ceil(load / (p.micro_tokens * sp)))
+            fb = p.train_flops * m.params * load / unit_rate / micro
+            lp = p.logprob_flops * m.params * load / unit_rate / micro
+            total += micro * (max(fb, 2 * gather + reduce) + max(lp, gather)) + ddp
+        return total
 
     # -- weights ----------------------------------------------------------------------------
 
@@ -716,16 +784,16 @@ class Batched(System):
         if self.stream:
             if ready < mb:
                 return
-            tokens, _ = self.sample(mb)
+            tokens, trajs = self.sample(mb)
             steps = 1
         else:
             if ready < self.p.prompts:
                 return
-            tokens, _ = self.sample(self.p.prompts)
+            tokens, trajs = self.sample(self.p.prompts)
             steps = self.p.minibatches
         self.trainer_busy = True
         self.pending_tokens = getattr(self, "pending_tokens", 0) + tokens
-        self.clock.at(self.clock.now + self.train_time(tokens, steps), self._trained, steps)
+        self.clock.at(self.clock.now + self.train_time(tokens, steps, seq_tokens(trajs)), self._trained, steps)
 
     def _trained(self, steps: int) -> None:
         self.trainer_busy = False
@@ -780,9 +848,10 @@ class Continuous(System):
     def maybe_train(self) -> None:
         if self.trainer_busy or drive(self.buffer.ready()) < self.p.prompts:
             return
-        tokens, _ = self.sample(self.p.prompts)
+        tokens, trajs = self.sample(self.p.prompts)
         self.trainer_busy = True
-        self.clock.at(self.clock.now + self.train_time(tokens, self.p.minibatches), self._trained, tokens)
+        self.clock.at(self.clock.now + self.train_time(tokens, self.p.minibatches, seq_tokens(trajs)), self._trained,
+                      tokens)
 
     def _trained(self, tokens: int) -> None:
         raise NotImplementedError
@@ -797,23 +866,31 @@ class AReaL(Continuous):
     name = "areal"
     eager = False
 
-    def train_time(self, tokens: float, steps: int) -> float:
+    def mixed_prefill(self) -> bool:
+        return bool(self.p.sglang_mixed_chunk)
+
+    def dp_units(self) -> int:
+        return max(1, self.train_gpus // (self.model.mega_tp * self.model.mega_pp))
+
+    def train_time(self, tokens: float, steps: int, lengths: list[float] | None = None) -> float:
         """AReaL trains with Megatron (paper App. A.2: TP×PP 2×1 / 4×2 / 4×4, DP = the rest):
         the same FLOPs, a 1F1B pipeline bubble of (PP − 1) micro-batch slots per step (each DP
         rank's share of a mini-batch, cut into micro-batches of at most `micro_tokens`), and
         per step the distributed optimizer's reduce-scatter of fp32 gradients and all-gather
-        of bf16 parameters of each rank's TP×PP shard across the DP ranks over the NICs."""
+        of bf16 parameters of each rank's TP×PP shard across the DP ranks over the NICs. As for
+        FSDP, a step waits for its most loaded DP rank (`step_loads`)."""
         p, m = self.p, self.model
-        n = self.train_gpus
         shard = m.mega_tp * m.mega_pp
-        dp = max(1, n // shard)
-        per_step = tokens / max(1, steps)
-        micro = max(1, math.ceil(per_step / dp / p.micro_tokens))
-        rate = n * p.gpu_flops * p.mfu_train
-        compute = (p.train_flops + p.logprob_flops) * m.params * per_step / rate
-        bubble = (micro + m.mega_pp - 1) / micro
+        dp = self.dp_units()
+        unit_rate = shard * p.gpu_flops * p.mfu_train
         comm = (p.grad_reduce_bytes + 2) * m.params / shard * (dp - 1) / dp / p.nic_bps
-        return steps * (compute * bubble + comm)
+        total = 0.0
+        for load in step_loads(tokens, steps, dp, lengths):
+            micro = max(1, math.ceil(load / p.micro_tokens))
+            compute = (p.train_flops + p.logprob_flops) * m.params * load / unit_rate
+            bubble = (micro + m.mega_pp - 1) / micro
+            total += compute * bubble + comm
+        return total
 
     def start(self) -> None:
         for r in self.replicas:
@@ -888,6 +965,14 @@ class Laminar(Continuous):
             self.take_batch(r)
         if self.opts.repack:
             self.clock.at(self.p.repack_interval_s, self.periodic_repack)
+
+    def refill_groups(self, r: Replica) -> int:
+        """A batch per pull: the replica's share of a global batch (`rollout_batch_share`), capped
+        at `concurrency`; the paper's cap alone when the share is off."""
+        cap = self.p.concurrency // self.p.group
+        if not self.p.rollout_batch_share:
+            return cap - r.held // self.p.group
+        return min(cap, -(-self.p.prompts // len(self.replicas))) - r.held // self.p.group
 
     def take_batch(self, r: Replica) -> None:
         r.c_peak = 0.0
@@ -1051,8 +1136,8 @@ class April(Batched):
             self.gen_s.append(self.clock.now - self.gen_began)
             for rr in self.replicas:
                 self.parked += rr.take_all()
-            tokens, _ = self.sample(self.p.prompts)
-            cost = self.train_time(tokens, self.p.minibatches) + Verl.sync_cost(self)  # type: ignore[arg-type]
+            tokens, trajs = self.sample(self.p.prompts)
+            cost = self.train_time(tokens, self.p.minibatches, seq_tokens(trajs)) + Verl.sync_cost(self)  # type: ignore[arg-type]
             self.clock.at(self.clock.now + cost, self._round_done, tokens)
 
     def _round_done(self, tokens: int) -> None:

@@ -110,8 +110,9 @@ def test_faster_memory_means_faster_decode_and_longer_outputs_mean_slower_iterat
     for r in (base.replicas[0], fast.replicas[0]):
         r.add([sim.Seq(f"s{i}", "g", 1000, 0, 0.0) for i in range(64)])
     assert fast.replicas[0].step_time() < base.replicas[0].step_time()
-    short = sim.OneStep(TINY, "7B", 64).simulate()
-    long = sim.OneStep(replace(TINY, len_median=1800.0), "7B", 64).simulate()
+    uncapped = replace(TINY, max_response=16384)  # the 4K cap would bound both tails alike
+    short = sim.OneStep(replace(uncapped, len_median=300.0), "7B", 64).simulate()
+    long = sim.OneStep(replace(uncapped, len_median=1800.0), "7B", 64).simulate()
     assert long["iteration_s"] > short["iteration_s"]
 
 
@@ -186,3 +187,62 @@ def test_areal_syncs_weights_through_storage() -> None:
     assert a.load_s() > a.nccl_sync_s()  # storage is the slow path the relay tier avoids
     out = sim.AReaL(TINY, "7B", 16).simulate()
     assert out["rollout_wait_s"] == pytest.approx(sim.AReaL(TINY, "7B", 16).load_s())
+
+
+def test_a_step_waits_for_its_most_loaded_data_parallel_unit() -> None:
+    """verl's balance_batch evens each unit's total, not each mini-batch: with fewer sequences
+    per unit per step (strong scaling) the slowest unit's share grows, so training at scale
+    costs more than the even split, and skewed lengths cost more than equal ones."""
+    import random
+
+    rng = random.Random(0)
+    skewed = [300.0 + min(16384, int(rng.lognormvariate(7.86, 0.99))) for _ in range(8192)]
+    even = [sum(skewed) / len(skewed)] * len(skewed)
+    total = sum(skewed)
+
+    def excess(units: int, lens: list[float]) -> float:
+        return sum(sim.step_loads(total, 16, units, lens)) / (total / units)
+
+    assert excess(4, even) == pytest.approx(1.0, abs=1e-6)
+    assert 1.0 < excess(4, skewed) < excess(32, skewed) < excess(128, skewed)
+    assert sim.step_loads(total, 16, 32) == [total / 16 / 32] * 16  # no lengths: the even split
+    p = sim.Params()
+    verl = sim.Verl(p, "7B", 256)  # 64 sequence-parallel units, 8 sequences each per step
+    assert verl.train_time(total, 16, skewed) > 1.5 * verl.train_time(total, 16)
+    areal = sim.AReaL(p, "72B", 1024)
+    assert areal.train_time(total, 16, skewed) > areal.train_time(total, 16)
+
+
+def test_laminar_rollouts_pull_a_share_of_the_global_batch() -> None:
+    """Paper Fig. 9: a 32B rollout (TP 4) generates a batch of 512 trajectories -- 8192 / 16
+    replicas at 128 GPUs -- not the 1024 cap; the cap binds only when replicas are few. Fewer
+    trajectories in flight per replica means fresher weights."""
+    p = sim.Params()
+    lam = sim.Laminar(p, "32B", 128)
+    assert lam.refill_groups(lam.replicas[0]) * p.group == 512
+    small = sim.Laminar(p, "7B", 16)  # 8 replicas: the share (1024) meets the cap
+    assert small.refill_groups(small.replicas[0]) * p.group == 1024
+    capped = sim.Laminar(replace(p, rollout_batch_share=False), "32B", 128)
+    assert capped.refill_groups(capped.replicas[0]) * p.group == 1024
+    tiny = replace(TINY, prompts=32)
+    share = sim.Laminar(tiny, "7B", 64).simulate()
+    cap = sim.Laminar(replace(tiny, rollout_batch_share=False), "7B", 64).simulate()
+    assert share["latency_avg_s"] < cap["latency_avg_s"]
+
+
+def test_areal_re_prefill_pauses_decoding_unless_sglang_mixes_chunks() -> None:
+    """SGLang's default (enable_mixed_chunk=False) runs the re-prefill of every interrupted
+    sequence as its own batch, decoding paused; mixing it into memory-bound decode steps (vLLM
+    V1's behaviour) hides most of it. The paper's App. B: AReaL is limited by this recompute."""
+    replica = {}
+    for mixed in (False, True):
+        areal = sim.AReaL(replace(sim.Params(), sglang_mixed_chunk=mixed), "7B", 16)
+        r = areal.replicas[0]
+        r.add([sim.Seq(f"s{i}", "g", 8000, 0, 0.0) for i in range(64)])  # running, memory-bound
+        before = r.stall_until
+        r.add([sim.Seq(f"n{i}", "g", 8000, 0, 0.0) for i in range(8)])  # prefill 8 prompts
+        replica[mixed] = r.stall_until - before
+    assert replica[False] > replica[True] > 0
+    slow = sim.AReaL(TINY, "7B", 16).simulate()
+    fast = sim.AReaL(replace(TINY, sglang_mixed_chunk=True), "7B", 16).simulate()
+    assert fast["gen_tokens_per_s"] > slow["gen_tokens_per_s"]  # at this size the trainer bounds both
