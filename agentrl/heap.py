@@ -4,7 +4,12 @@ glibc keeps memory that Python and torch free in its arenas, and raises its mmap
 each large free, so the weight-sized tensors of one phase (a model loaded and then shared, the
 warm start's Adam moments, one learner step's gradients and activations) stay in the process's
 RSS after they are freed, and the next phase's peak stacks on that slack. `malloc_trim(0)` returns
-free pages from every arena (madvise), a few milliseconds at the points where a phase ends."""
+free pages from every arena (madvise), a few milliseconds at the points where a phase ends.
+
+`mark_phase` / `phase` name the phase a run is in and, when AGENTRL_PHASE_LOG is set (by
+bench/memory.py), append a line with the time, this process's RSS and the bytes of the tensors
+registered with `track` (learner weights, gradients, Adam state, engine weights and KV, relay
+buffers), so the memory benchmark can say which phase peaked and what was resident."""
 
 from __future__ import annotations
 

@@ -15,7 +15,9 @@ Phase timeline (agentrl runs): the run writes a line to $AGENTRL_PHASE_LOG whene
 phase (agentrl/heap.py `mark_phase`: load_model, start_engines, prepare_stages, eval, warm_start,
 push, rollout = the trainer waiting for a batch, learner_step, sync, checkpoint, done), with the
 bytes of the tensors it tracks (learner weights, gradients, Adam state, engine weights, engine KV,
-relay buffers; each storage counted once). Every RSS sample is assigned to the phase in force,
+relay buffers; each storage counted once, by the first of them in that order that holds it: an
+engine whose weights are views of the relay's snapshot shows them as engine_weights and the
+relay's buffer as 0). Every RSS sample is assigned to the phase in force,
 so the line says `peak_phase` and each phase's peak (`phases`), and `measured_gb` holds the
 components as measured at the marks around the peak (`at_peak_start` / `at_peak_end`) and their
 maximum over all marks (`max`). With the `global-async` backend the next batch is generated
