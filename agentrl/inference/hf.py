@@ -36,6 +36,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentrl.heap import track
 from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.kv_cache import growing_cache
 from agentrl.inference.sampling import processed_logprobs, sample_tokens
 from agentrl.models import load_model, load_tokenizer
 
@@ -382,7 +383,7 @@ class HFEngine:
             mask[i, past - n:past] = 1
             mask[i, past + width - len(fresh):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)  # decode steps write in place (kv_cache.py)
         if past:
             for index, layer in enumerate(cache.layers):
                 shape = next(kv[index][0].shape for _, kv, _ in hits if kv)

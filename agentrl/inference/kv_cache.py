@@ -1,0 +1,91 @@
+"""A KV cache that grows in place: transformers' `DynamicLayer` concatenates every decode step's
+key/value onto the whole cache, copying each cached token of each layer on every step; here the
+keys and values live in buffers with spare columns and a step writes its token into them.
+
+For SmolLM2-135M at 11 rows over 2000 cached tokens the concatenation cost about as much CPU as
+the attention itself (8.2 vs 7.5 ms per layer, one thread); in place it is a 0.01 ms write. The
+spare is `GrowingLayer.grow` tokens per row (64: about 3 MB per row over the 30 layers in fp32),
+reallocated when used up, so a copy happens once per `grow` steps instead of every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose `keys`/`values` are views of the filled part of larger buffers.
+    Assigning `keys`/`values` (a merge, a trim of padding columns) adopts the tensor as the buffer;
+    the next update that does not fit reallocates with `grow` spare columns."""
+
+    grow = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Each buffer with its own filled length: `keys` and `values` are assigned one after the
+        # other (a trim reads `values` after `keys` was set), so neither may see the other's.
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self._k_len = self._v_len = 0
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[..., : self._k_len, :]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._k, self._k_len = value, _filled(value)
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[..., : self._v_len, :]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._v, self._v_len = value, _filled(value)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._k, self._k_len = _append(self._k, self._k_len, key_states, self.grow)
+        self._v, self._v_len = _append(self._v, self._v_len, value_states, self.grow)
+        return self.keys, self.values  # type: ignore[return-value]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep rows `indices`, spare columns included (the next step still writes in place)."""
+        if self._k is not None and self._v is not None and self._k_len:
+            self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+
+
+def _filled(value: torch.Tensor | None) -> int:
+    return 0 if value is None or value.dim() < 2 else value.shape[-2]
+
+
+def _append(buffer: torch.Tensor | None, filled: int, new: torch.Tensor, grow: int) -> tuple[torch.Tensor, int]:
+    """Write `new` after the first `filled` columns of `buffer`, reallocating with `grow` spare
+    columns when it does not fit (or its rows changed); returns the buffer and its filled length."""
+    end = filled + new.shape[-2]
+    if buffer is None or end > buffer.shape[-2] or buffer.shape[:-2] != new.shape[:-2]:
+        larger = new.new_empty((*new.shape[:-2], end + grow, new.shape[-1]))
+        if buffer is not None and filled:
+            larger[..., :filled, :] = buffer[..., :filled, :]
+        buffer = larger
+    buffer[..., filled:end, :] = new
+    return buffer, end
+
+
+def growing_cache(config: Any) -> DynamicCache:
+    """A `DynamicCache` for `config`'s model whose layers grow in place (full-attention models)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [GrowingLayer() for _ in cache.layers]
+    return cache
