@@ -77,7 +77,7 @@ class EnvConfig:
 class SandboxConfig:
     backend: Literal["local", "docker", "process"] = "local"
     image: str = "agentrl-base:bookworm"
-    pool_size: int = 4
+    pool_size: int | None = None  # warm sandboxes per pool; None: rollout.concurrency (one per trajectory in flight)
     timeout_s: float = 10.0
     memory_mb: int = 1024
     cpus: float = 1.0
@@ -416,6 +416,8 @@ def load_config(env: str | None = None, config_file: str | Path | None = None,
     for text in overrides or []:
         data = _merge(data, parse_override(text))
     cfg = _build(Config, data)
+    if cfg.sandbox.pool_size is None:  # fewer sandboxes than trajectories in flight makes the rest wait,
+        cfg.sandbox.pool_size = cfg.rollout.concurrency  # and the wait counts against their wall-clock budget
     validate(cfg)
     return cfg
 
@@ -430,6 +432,8 @@ def validate(cfg: Config) -> None:
     """Cross-field checks that types alone cannot express."""
     checks = [
         (cfg.rollout.group_size >= 1, "rollout.group_size must be >= 1"),
+        (cfg.sandbox.pool_size is None or cfg.sandbox.pool_size >= 1,
+         "sandbox.pool_size must be >= 1 (or null: one sandbox per trajectory in flight, rollout.concurrency)"),
         (cfg.trainer.batch_groups >= 1, "trainer.batch_groups must be >= 1"),
         (cfg.trainer.micro_batch_size >= 1 and cfg.trainer.micro_batch_tokens >= 0,
          "trainer.micro_batch_size must be >= 1 and trainer.micro_batch_tokens >= 0 (0: no token cap)"),

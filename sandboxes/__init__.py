@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agentrl.config import SandboxConfig
 
 BACKENDS = ("local", "docker", "process")
+DEFAULT_POOL_SIZE = 4  # a SandboxConfig built by hand, not by load_config (which sizes it to rollout.concurrency)
 
 __all__ = [
     "BACKENDS",
@@ -60,12 +61,13 @@ def make_sandbox(cfg: SandboxConfig | None = None, run_id: str | None = None, po
 
 def make_pool(cfg: SandboxConfig | None = None, run_id: str | None = None, name: str = "default",
               size: int | None = None, **pool_kwargs: Any) -> SandboxPool:
-    """A warm pool of `size` (default cfg.pool_size) sandboxes; call `await pool.start()` to warm it."""
+    """A warm pool of `size` (default cfg.pool_size, else DEFAULT_POOL_SIZE) sandboxes; call
+    `await pool.start()` to warm it."""
     if cfg is None:
         from agentrl.config import SandboxConfig
 
         cfg = SandboxConfig()
     if cfg.backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
-    return SandboxPool(lambda: make_sandbox(cfg, run_id=run_id, pool=name), size or cfg.pool_size,
+    return SandboxPool(lambda: make_sandbox(cfg, run_id=run_id, pool=name), size or cfg.pool_size or DEFAULT_POOL_SIZE,
                        name=name, **pool_kwargs)

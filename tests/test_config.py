@@ -17,6 +17,16 @@ def test_defaults_and_env_file_and_overrides() -> None:
     assert cfg.trainer.betas == (0.9, 0.99)
 
 
+def test_sandbox_pool_defaults_to_one_sandbox_per_trajectory_in_flight() -> None:
+    # fewer would make the rest wait for a sandbox, on their wall-clock budget (half the code
+    # trajectories were aborted at 300 s with pool_size 4 under concurrency 8)
+    for env in ("code", "swe"):
+        cfg = load_config(env)
+        assert cfg.sandbox.pool_size == cfg.rollout.concurrency
+    assert load_config("code", overrides=["rollout.concurrency=3"]).sandbox.pool_size == 3
+    assert load_config("code", overrides=["sandbox.pool_size=2"]).sandbox.pool_size == 2  # a user's choice stays
+
+
 def test_algorithm_defaults_match_algorithms_md() -> None:
     cfg = load_config()
     assert (cfg.trainer.clip_low, cfg.trainer.clip_high) == (0.2, 0.28)  # DAPO §5.3
@@ -33,6 +43,7 @@ def test_algorithm_defaults_match_algorithms_md() -> None:
     ("trainer.steps=1.5", "'trainer.steps': got 1.5, expected int"),
     ("nosuch.key=1", "unknown config key 'nosuch'"),
     ("trainer.lr=-1", "trainer.lr must be > 0"),
+    ("sandbox.pool_size=0", "sandbox.pool_size must be >= 1"),
     ("trainer", "not of the form key.path=value"),
 ])
 def test_bad_values_name_the_key(override: str, message: str) -> None:
