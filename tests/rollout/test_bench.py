@@ -3,6 +3,7 @@ come from `bench/rollout.py` with the real model)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import time
 from pathlib import Path
@@ -70,3 +71,22 @@ def test_engine_list_defaults_to_the_prefix_reuse_comparison() -> None:
     assert bench.parse(["--engines", "vllm,hf"]).engines == ["vllm", "hf"]
     with pytest.raises(SystemExit):
         bench.parse(["--engines", "vllm"])  # the async/sync figures need the hf engine
+
+
+def test_the_transformers_baseline_engine_runs_transformers_attention_and_cache() -> None:
+    """hf-transformers is the engine as issue 17 measured it; hf is the default one."""
+    from transformers.cache_utils import DynamicLayer
+
+    from agentrl.inference.kv_cache import GrowingLayer
+
+    bench = load_bench()
+    args = bench.parse(["--quick", "--engines", "hf,hf-transformers"])
+    baseline, default = bench.make_engine("hf-transformers", args), bench.make_engine("hf", args)
+    try:
+        assert baseline.model.config._attn_implementation == "sdpa" and baseline._prefix.budget == 0
+        assert type(baseline._new_cache(baseline.model.config).layers[0]) is DynamicLayer
+        assert default.model.config._attn_implementation == "sdpa_gqa" and default._prefix.budget > 0
+        assert isinstance(default._new_cache(default.model.config).layers[0], GrowingLayer)
+    finally:
+        asyncio.run(baseline.close())
+        asyncio.run(default.close())
