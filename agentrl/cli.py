@@ -11,6 +11,7 @@ or bad config (nothing was started).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"agentrl {command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`agentrl swe stats | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except Exception as e:
         from agentrl.errors import explain
 

@@ -151,3 +151,14 @@ def test_port_in_use_exit_1(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
         code, line = fail(capsys, "report", "somewhere")
     assert code == 1
     assert "port is already in use" in line and os.strerror(errno.EADDRINUSE) in line and "ss -ltnp" in line
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`agentrl swe stats --json | head -c 20` where head leaves before agentrl writes: no error
+    line, exit 141 (as Unix tools end on SIGPIPE)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "swe", "stats", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before the command (seconds of imports) writes a byte
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err.decode().strip() == "", err.decode()
