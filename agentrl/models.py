@@ -209,6 +209,13 @@ def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "float32
 
     from agentrl.attention import register
 
-    kwargs.setdefault("attn_implementation", register())
-    model = AutoModelForCausalLM.from_pretrained(str(_as_folder(path)), dtype=torch_dtype(dtype), **kwargs)
+    folder = str(_as_folder(path))
+    if "attn_implementation" in kwargs:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype(dtype), **kwargs)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype(dtype),
+                                                         attn_implementation=register(), **kwargs)
+        except ValueError:  # a model class without transformers' attention interface: its own default
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype(dtype), **kwargs)
     return model.to(device).eval()

@@ -3,6 +3,8 @@ loaded through `load_model`, the factory the learner and the hf engine use."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import transformers.integrations.sdpa_attention as hf_sdpa
@@ -54,3 +56,16 @@ def test_grouped_sdpa_gradients_match_transformers_sdpa(models: dict[str, torch.
         grads.append(torch.cat([layer.k_proj.weight.grad.flatten(), layer.q_proj.weight.grad.flatten()]))
     scale = grads[1].abs().max()
     assert (grads[0] - grads[1]).abs().max() <= 1e-4 * scale  # fp32 rounding: the group's sums in another order
+
+
+def test_a_model_without_the_attention_interface_loads_with_its_own_default(tmp_path: Path) -> None:
+    """A user's local model whose class cannot take a registered attention function (CodeGen) still
+    loads through `load_model`, with the attention it defaults to."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("codegen", n_layer=1, n_embd=64, n_head=4, rotary_dim=8, vocab_size=64, n_positions=32)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert model.config._attn_implementation != "sdpa_gqa"
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 64)
