@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from agentrl.sandboxes.base import Sandbox
 
-from .runtime import provide_runtime, runtime_fingerprint
+from .runtime import on_each, provide_runtime, runtime_fingerprint
 from .schema import resolve_source
 
 AGENTRL_DIR = ".agentrl"  # agentrl's files inside the work dir; listed in .git/info/exclude
@@ -419,7 +419,7 @@ async def validate_tasks(tasks: list[dict[str, Any]], sandboxes: Sequence[Sandbo
 
     if not sandboxes:
         raise ValueError("validate_tasks needs at least one sandbox")
-    await asyncio.gather(*(work(s) for s in sandboxes))
+    await on_each(list(sandboxes), work)
     valid = [t for t, r in zip(tasks, results) if r is not None and r.ok]
     rejected = [(t["instance_id"], r.reason) for t, r in zip(tasks, results) if r is not None and not r.ok]
     return valid, rejected

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,6 +386,20 @@ async def task_sandboxes(cfg: Any, task: dict[str, Any], n: int,
         yield sandboxes
     finally:
         await asyncio.gather(*(s.close() for s in sandboxes))
+
+
+async def on_each(sandboxes: list[Any], work: Callable[[Any], Awaitable[None]]) -> None:
+    """Run `work(sandbox)` on every sandbox at once; the first failure cancels the others (so none
+    is still running when the sandboxes close) and is raised."""
+    import asyncio
+
+    running = [asyncio.ensure_future(work(s)) for s in sandboxes]
+    try:
+        await asyncio.gather(*running)
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
 
 
 def frozen_requirements(runtime: Runtime) -> list[str]:

@@ -326,7 +326,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
     baseline tests, reproducibly; `validate_task` re-checks them from scratch). Mutations are
     tried on `workers` sandboxes at once, each with its own copy of the package; the tasks kept
     are the first `max_tasks` in the sampled order, whichever sandbox found them."""
-    from .runtime import task_sandboxes
+    from .runtime import on_each, task_sandboxes
 
     start = time.perf_counter()
     name, version = parse_spec(spec)
@@ -390,7 +390,7 @@ async def synthesize(spec: str, sandbox_cfg: SandboxConfig, *, max_tasks: int = 
                     log(f"{spec}: kept {task['instance_id']} ({m.operator} at {m.path}:{m.lineno}, "
                         f"{len(task['FAIL_TO_PASS'])} failing)")
 
-        await asyncio.gather(*(work(s) for s in sandboxes))
+        await on_each(sandboxes, work)
     tasks = [t for _, t in sorted(kept, key=lambda pair: pair[0])][:max_tasks]
     stats.kept = len(tasks)
     stats.seconds = time.perf_counter() - start

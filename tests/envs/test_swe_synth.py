@@ -8,13 +8,14 @@ import asyncio
 import json
 import shutil
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from agentrl.config import SandboxConfig
 from agentrl.envs.swe.grade import ValidationCache, task_key, validate_task, validate_tasks
-from agentrl.envs.swe.runtime import MARKER, runtime_key, sandbox_python, spec_of
+from agentrl.envs.swe.runtime import MARKER, on_each, runtime_key, sandbox_python, spec_of
 from agentrl.envs.swe.schema import load_tasks
 from agentrl.envs.swe.synth import (
     analyse_repo,
@@ -217,3 +218,23 @@ def test_synth_cli_on_an_untuned_pypi_package(tmp_path: Path) -> None:
     tasks = load_tasks(out)
     assert len(tasks) == 2 and all(t["environment_setup"]["package"] == "toolz==1.0.0" for t in tasks)
     assert (tmp_path / "toolz-1.0.0.tar.gz").exists()
+
+
+def test_work_on_each_sandbox_stops_everywhere_when_one_fails() -> None:
+    """A failure on one sandbox (e.g. truncated pytest output) cancels the others' work before the
+    sandboxes close, and is raised."""
+    cancelled: list[str] = []
+
+    async def work(sandbox: str) -> None:
+        if sandbox == "bad":
+            raise RuntimeError("boom")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(sandbox)
+            raise
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(on_each(["ok", "bad"], work))
+    assert cancelled == ["ok"] and time.perf_counter() - start < 5
