@@ -49,24 +49,28 @@ def trim_heap() -> bool:
 # ---------------------------------------------------------------------------------------------
 
 PHASE_LOG_ENV = "AGENTRL_PHASE_LOG"  # a file path; unset (the default): marking costs nothing
-_tracked: list[tuple[str, Any, Callable[[Any], Iterable[Any]]]] = []  # (component, weakref, tensors of)
+_tracked: list[tuple[str, Any, Callable[[Any], Iterable[Any]], bool]] = []  # (component, weakref, tensors of, views)
 _current = "startup"
 _lock = threading.Lock()
 
 
-def track(component: str, owner: object, tensors: Callable[[Any], Iterable[Any]]) -> None:
+def track(component: str, owner: object, tensors: Callable[[Any], Iterable[Any]], views: bool = False) -> None:
     """Count `tensors(owner)` under `component` in every phase mark while `owner` lives (held by a
-    weak reference). Only when a phase log is being written; a no-op otherwise."""
+    weak reference). `views`: the tensors may be another component's memory (an engine running on
+    the learner's parameters or a relay snapshot); such a component is counted after the owners,
+    so shared storage is charged to its owner whatever the construction order. Only when a phase
+    log is being written; a no-op otherwise."""
     if os.environ.get(PHASE_LOG_ENV):
-        _tracked.append((component, weakref.ref(owner), tensors))
+        _tracked.append((component, weakref.ref(owner), tensors, views))
 
 
 def component_bytes() -> dict[str, int]:
-    """Bytes of the tracked components' tensor storages, each storage counted once (the first
-    component to name it claims it: an engine sharing the learner's parameters adds 0)."""
+    """Bytes of the tracked components' tensor storages, each storage counted once: owners first,
+    then the `views` components (an engine sharing the learner's parameters or the relay's
+    snapshot adds 0)."""
     seen: set[int] = set()
     out: dict[str, int] = {}
-    for component, ref, tensors in list(_tracked):
+    for component, ref, tensors, _ in sorted(_tracked, key=lambda entry: entry[3]):
         owner = ref()
         if owner is None:
             continue

@@ -126,7 +126,7 @@ class HFEngine:
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0}
-        track("engine_weights", self, lambda e: e.model.parameters())  # bench/memory.py's phase marks
+        track("engine_weights", self, lambda e: e.model.parameters(), views=True)  # bench/memory.py's phase marks
         track("engine_kv", self, lambda e: e._kv_tensors())
 
     def _eos_ids(self) -> frozenset[int]:
