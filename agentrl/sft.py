@@ -70,13 +70,15 @@ def sft_train(learner: Any, trajectories: Sequence[Trajectory], ws: WarmStartCon
 
 
 def _policy_logprobs(learner: Learner, mb: TrainBatch) -> Tensor:
-    """log π of every token at temperature 1, through the FSDP2 root on a sharded learner."""
+    """log π of every token at temperature 1, through the FSDP2 root on a sharded learner; under
+    the RL forward's autocast (`trainer.dtype`)."""
     ids, attn, pos = (x.to(learner.device) for x in (mb.input_ids, mb.attention_mask, mb.loss_mask))
     policy = getattr(learner, "policy", None)  # ShardedLearner: PolicyForward(model), the FSDP2 root
-    if policy is not None:
-        return policy(ids, attn, 1.0, pos, False, False)[0]
-    return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos,
-                                    entropy=False, sum_pi_sq=False).logprobs  # SFT needs log π only
+    with learner._autocast():
+        if policy is not None:
+            return policy(ids, attn, 1.0, pos, False, False)[0]
+        return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos,
+                                        entropy=False, sum_pi_sq=False).logprobs  # SFT needs log π only
 
 
 def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
@@ -107,7 +109,7 @@ def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
                 for i in range(-(-len(slices) // world)):
                     real = i < len(mine)
                     mb = Learner._trim(step.select(mine[i] if real else slices[0]))  # drop padding columns
-                    loss = sft_loss(_policy_logprobs(learner, mb).cpu(), mb.loss_mask, n_policy)
+                    loss = sft_loss(_policy_logprobs(learner, mb).float().cpu(), mb.loss_mask, n_policy)
                     # FSDP averages gradients over ranks; the divisor already counts the whole step
                     (loss * (world if real else 0.0)).backward()
                     total += loss.item() if real else 0.0

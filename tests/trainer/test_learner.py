@@ -279,3 +279,19 @@ def test_activation_checkpointing_saves_less_for_backward_and_trains_the_same():
     off, _ = run_step(TrainerConfig(lr=1e-3, activation_checkpointing=False), groups)
     assert saved_bytes(on) < 0.6 * saved_bytes(off)
     torch.testing.assert_close(params(on.model), params(off.model), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_warm_start_forward_runs_under_trainer_dtype_like_the_rl_forward(dtype: str) -> None:
+    from agentrl.config import WarmStartConfig
+    from agentrl.sft import sft_train
+
+    learner = Learner(tiny_llama(0), TrainerConfig(dtype=dtype))
+    seen: list[torch.dtype | None] = []
+    learner.model.model.layers[0].mlp.register_forward_hook(
+        lambda module, args, out: seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu")
+                                              else None))
+    trajs = [t for g in random_groups(1, 2, VOCAB) for t in g.trajectories]
+    rows = sft_train(learner, trajs, WarmStartConfig(epochs=1, batch_size=2))
+    assert rows and all(math.isfinite(r["loss"]) for r in rows)
+    assert seen and set(seen) == {None if dtype == "float32" else torch.bfloat16}
