@@ -326,7 +326,7 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     mark_phase("start_engines")
     try:
         engines = await _start_engines(cfg, make_engine)
-        if cfg.trainer.num_learners == 1:
+        if cfg.trainer.num_learners == 1:  # a sharded learner's weights live in its rank processes
             await _engines_on_learner_weights(engines, learner)
     except BaseException:
         await pool.close()

@@ -4,8 +4,9 @@ keys and values live in buffers with spare columns and a step writes its token i
 
 For SmolLM2-135M at 11 rows over 2000 cached tokens a decode step took 0.54 CPU-s with the
 concatenation and 0.42 in place (`bench/inference.py --decode-rows 11 --decode-context 2000`, one
-thread, docs/benchmarks.md). The spare is `GrowingLayer.grow` tokens per row (64: about 3 MB per row over the 30 layers in fp32),
-reallocated when used up, so a copy happens once per `grow` steps instead of every step.
+thread, docs/benchmarks.md). The spare is `GrowingLayer.grow` tokens per row (64: about 3 MB per
+row over the 30 layers in fp32), reallocated when used up, so a copy happens once per `grow` steps
+instead of every step.
 """
 
 from __future__ import annotations
