@@ -174,7 +174,9 @@ class TrainerConfig:
     seed: int = 0
     num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU)
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
-    dtype: Literal["float32", "bfloat16"] = "float32"  # forward autocast dtype; weights and Adam stay fp32
+    # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
+    # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (learner.autocast_dtype)
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     entropy_every: int = 1  # the entropy metric every N global batches (0: never); costs a V-wide pass
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 

@@ -292,6 +292,8 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     mark_phase("load_model")
     model_path = resolve_configured(cfg.model)
     learner = make_learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
+    log.info("learner forward in %s (trainer.dtype=%s)", getattr(learner, "dtype", cfg.trainer.dtype),
+             cfg.trainer.dtype)
     start_step = 0
     extra: dict[str, Any] = {}
     if plan.resume_from is not None:

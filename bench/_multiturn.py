@@ -51,8 +51,9 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None) -> tuple[float | None, str | None]:
-    """TRL SFTTrainer's tokens/s on the warm start's own token sequences, as agentrl/TRL."""
+def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None, dtype: str) -> tuple[float | None, str | None]:
+    """TRL SFTTrainer's tokens/s on the warm start's own token sequences in the warm start's precision
+    (`dtype`: the learner's resolved autocast dtype), as agentrl/TRL."""
     if agentrl_tokens_per_s is None:
         return None, "no warm start ran"
     if not TRL_PYTHON.exists():
@@ -64,7 +65,7 @@ def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None) -> tuple[fl
         return None, "the run wrote no sft_sequences.jsonl"
     out = run_dir / "trl_sft.json"
     cmd = [str(TRL_PYTHON), str(Path(__file__).resolve().parent / "_trl_sft_runner.py"), "--model",
-           str(resolve_model("smollm2-135m")), "--data", str(data), "--out", str(out)]
+           str(resolve_model("smollm2-135m")), "--data", str(data), "--out", str(out), *(["--bf16"] if dtype == "bfloat16" else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     code = subprocess.run(cmd, env=env, stdout=sys.stderr, timeout=1800).returncode
     if code != 0 or not out.exists():
@@ -76,6 +77,7 @@ def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None) -> tuple[fl
 def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], keep: Path | None) -> dict[str, Any]:
     from agentrl.evaluate import rl_gain
     from agentrl.run import prepare_run, train
+    from agentrl.trainer.learner import autocast_dtype
 
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-mt-{env}-") as tmp:
@@ -92,7 +94,8 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         metrics = _jsonl(run_dir / "metrics.jsonl")
         warm = summary.get("warm_start", {})
         leaked = sorted(set(warm.get("task_ids", [])) & set(summary.get("heldout_task_ids", [])))
-        ratio, why = trl_sft_ratio(run_dir, warm.get("tokens_per_s"))
+        dtype = autocast_dtype(plan.config.trainer.dtype, "cpu")
+        ratio, why = trl_sft_ratio(run_dir, warm.get("tokens_per_s"), dtype)
 
     def rate(phase: str) -> float | None:
         return evals[phase]["heldout_success"] if phase in evals else None
@@ -122,7 +125,7 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         "wall_s": {"total": wall, "base_eval": evals.get("base", {}).get("eval_s"),
                    "demonstrations": warm.get("collect_s"), "sft": warm.get("train_s"),
                    "rl_incl_evals": summary.get("wall_s")},
-        "sft_tokens_per_s": warm.get("tokens_per_s"), "sft_tokens_per_s_over_trl": ratio,
+        "learner_dtype": dtype, "sft_tokens_per_s": warm.get("tokens_per_s"), "sft_tokens_per_s_over_trl": ratio,
         **({"sft_tokens_per_s_over_trl_missing": why} if why else {}),
         "warm_start_loss": [warm.get("first_loss"), warm.get("final_loss")],
         "train_reward_mean": [m.get("reward_mean") for m in metrics],

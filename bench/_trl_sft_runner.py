@@ -3,7 +3,8 @@
     .venv-trl/bin/python bench/_trl_sft_runner.py --model DIR --data sft_sequences.jsonl --out result.json
 
 Pre-tokenized rows (input_ids, completion_mask = agentrl's policy-token mask), completion-only
-loss, one epoch, batch 8, lr 5e-5, fp32 on the CPU. Writes {"tokens_per_s", "train_s", "tokens",
+loss, one epoch, batch 8, lr 5e-5 on the CPU, fp32 or (`--bf16`) bf16 autocast: the precision of the
+agentrl warm start it is compared with. Writes {"tokens_per_s", "train_s", "tokens",
 "trl_version"}: tokens are the rows' lengths summed (what agentrl's SFT tokens/s counts).
 """
 
@@ -21,6 +22,7 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast over fp32 weights (agentrl's trainer.dtype)")
     args = ap.parse_args()
 
     import torch
@@ -36,7 +38,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         cfg = SFTConfig(output_dir=work, per_device_train_batch_size=8, num_train_epochs=1, learning_rate=5e-5,
                         completion_only_loss=True, max_length=None, report_to=[], save_strategy="no",
-                        logging_steps=1, use_cpu=True, dataloader_num_workers=0)
+                        logging_steps=1, use_cpu=True, dataloader_num_workers=0, bf16=args.bf16)
         trainer = SFTTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
         t0 = time.perf_counter()
         trainer.train()

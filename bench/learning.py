@@ -217,6 +217,7 @@ def agentrl_config(s: Settings, backend: str) -> Any:
         f"trainer.micro_batch_size={s.group_size * s.prompts_per_step}", f"trainer.seed={s.seed}",
         "trainer.weight_decay=0.0", "trainer.warmup_steps=0", "trainer.advantage=grpo", "trainer.loss=ppo",
         "trainer.loss_agg=token-mean", "trainer.kl_coef=0.0", "engine.max_batch_size=16",
+        "trainer.dtype=float32",  # TRL's GRPOTrainer runs fp32 here (_trl_runner.py): the same precision
     ])
 
 

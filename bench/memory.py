@@ -215,7 +215,7 @@ def learner_mode(rows: int, length: int, rounds: int) -> dict[str, Any]:
 
     def configure(name: str) -> None:
         over = LEARNER_CONFIGS[name]
-        learner.cfg.dtype = over["dtype"]
+        learner.dtype = over["dtype"]
         if over["activation_checkpointing"]:
             enable_activation_checkpointing(learner.model)
         else:

@@ -130,6 +130,22 @@ def warmup_constant(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+def autocast_dtype(requested: str, device: str) -> str:
+    """`trainer.dtype` resolved for `device`. "auto" is bfloat16 where the hardware multiplies bf16
+    natively — a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX — and float32 elsewhere:
+    on an AVX2-only CPU bf16 autocast ran over 10x slower than fp32, on an AVX512-BF16 one 2.5x
+    faster (`bench/memory.py --learner`, docs/benchmarks.md)."""
+    if requested != "auto":
+        return requested
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if kind == "cpu":  # torch's own CPU feature probes (private names: absent ones count as no)
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return "bfloat16" if any(getattr(torch.cpu, name, lambda: False)() for name in probes) else "float32"
+    return "float32"
+
+
 class Learner:
     """Policy model (HF causal LM, fp32) + AdamW + warm-up/constant LR schedule."""
 
@@ -142,6 +158,7 @@ class Learner:
                              f"trainer.micro_batch_tokens >= 0, got {cfg.minibatches}, {cfg.micro_batch_size} "
                              f"and {cfg.micro_batch_tokens}")
         self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
+        self.dtype = autocast_dtype(cfg.dtype, device)  # the forward's autocast dtype ("auto" resolved)
         self.model = _load(model, device)
         self.lora = cfg.lora.rank > 0
         if self.lora:  # adapters injected in place; the base weights are frozen
@@ -215,9 +232,9 @@ class Learner:
         return TrainBatch(**{k: (v[:, :width] if v.dim() == 2 else v) for k, v in vars(batch).items()})
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.cfg.dtype == "float32":
+        if self.dtype == "float32":
             return contextlib.nullcontext()
-        return torch.autocast(torch.device(self.device).type, dtype=getattr(torch, self.cfg.dtype))
+        return torch.autocast(torch.device(self.device).type, dtype=getattr(torch, self.dtype))
 
     def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool) -> TokenStats:
         with self._autocast():

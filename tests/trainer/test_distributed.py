@@ -72,7 +72,9 @@ def tiny_model_dir(tmp_path: Path) -> Path:
 
 
 def config(path: Path, *overrides: str):
-    return load_config(None, overrides=[f"model.name={path}", "engine.kind=hf", "trainer.lr=1e-3", *overrides])
+    # fp32: the equalities below are the fp32 ones (bf16 rounding would hide a sharding error)
+    return load_config(None, overrides=[f"model.name={path}", "engine.kind=hf", "trainer.lr=1e-3",
+                                        "trainer.dtype=float32", *overrides])
 
 
 def on_policy_groups(seed: int) -> list:

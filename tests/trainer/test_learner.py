@@ -104,7 +104,8 @@ OPTIONS = [
 
 @pytest.mark.parametrize("overrides", OPTIONS, ids=lambda o: ",".join(o) or "defaults")
 def test_every_option_from_dotted_overrides_runs(overrides):
-    cfg = load_config(overrides=overrides)
+    # fp32: the behaviour log-probs below are fp32 ones, and on-policy means the same precision
+    cfg = load_config(overrides=["trainer.dtype=float32", *overrides])
     groups = random_groups(3, 4, VOCAB, seed=1)
     groups.append(Group("flat", "flat", [trajectory(f"f{j}", "flat", 1.0, [segment([1, 2], [3, 4])])
                                          for j in range(4)]))
@@ -295,3 +296,20 @@ def test_the_warm_start_forward_runs_under_trainer_dtype_like_the_rl_forward(dty
     rows = sft_train(learner, trajs, WarmStartConfig(epochs=1, batch_size=2))
     assert rows and all(math.isfinite(r["loss"]) for r in rows)
     assert seen and set(seen) == {None if dtype == "float32" else torch.bfloat16}
+
+
+@pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [(True, False, "bfloat16"), (False, True, "bfloat16"),
+                                                              (False, False, "float32")])
+def test_auto_dtype_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch: pytest.MonkeyPatch,
+                                                                      avx512_bf16: bool, amx: bool,
+                                                                      expected: str) -> None:
+    from agentrl.trainer.learner import autocast_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert autocast_dtype("auto", "cpu") == expected
+    assert autocast_dtype("float32", "cpu") == "float32" and autocast_dtype("bfloat16", "cpu") == "bfloat16"
+    learner = Learner(tiny_llama(0), TrainerConfig(dtype="auto"))
+    assert learner.dtype == expected
+    with learner._autocast():
+        assert torch.is_autocast_enabled("cpu") == (expected == "bfloat16")

@@ -22,8 +22,8 @@ LORA_LR = os.environ.get("SANITY_LORA_LR", "1e-3")
 
 
 async def test_lora_grpo_learns_verifiable_word_on_embedded_model():
-    cfg = load_config(None, overrides=[
-        "engine.kind=hf", f"engine.max_batch_size={GROUP * len(PROMPTS)}", "run.seed=0",
+    cfg = load_config(None, overrides=[  # fp32 as the engine: the check below is engine = learner (KL < 1e-3)
+        "trainer.dtype=float32", "engine.kind=hf", f"engine.max_batch_size={GROUP * len(PROMPTS)}", "run.seed=0",
         f"sampling.temperature={TEMPERATURE}", "trainer.lora.rank=8", "trainer.lora.alpha=16",
         f"trainer.lr={LORA_LR}", "trainer.minibatches=1", "trainer.micro_batch_size=16"])
     learner = make_learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
