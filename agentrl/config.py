@@ -77,7 +77,8 @@ class EnvConfig:
 class SandboxConfig:
     backend: Literal["local", "docker", "process"] = "local"
     image: str = "agentrl-base:bookworm"
-    pool_size: int | None = None  # warm sandboxes per pool; None: rollout.concurrency (one per trajectory in flight)
+    pool_size: int | None = None  # warm sandboxes per pool; None: one per trajectory in flight (the larger of
+                                  # rollout.concurrency and eval.concurrency)
     timeout_s: float = 10.0
     memory_mb: int = 1024
     cpus: float = 1.0
@@ -233,6 +234,8 @@ class EvalConfig:
     n: int = 32
     split: str = "test"
     temperature: float = 0.0  # 0: greedy, so repeated evaluations of the same weights agree
+    concurrency: int | None = None  # episodes in flight; None: rollout.concurrency. Nothing trains
+                                    # meanwhile, so wider decode batches are cheaper per task
 
 
 @dataclass
@@ -418,8 +421,11 @@ def load_config(env: str | None = None, config_file: str | Path | None = None,
     for text in overrides or []:
         data = _merge(data, parse_override(text))
     cfg = _build(Config, data)
+    if cfg.eval.concurrency is None:
+        cfg.eval.concurrency = cfg.rollout.concurrency
     if cfg.sandbox.pool_size is None:  # fewer sandboxes than trajectories in flight makes the rest wait,
-        cfg.sandbox.pool_size = cfg.rollout.concurrency  # and the wait counts against their wall-clock budget
+        # and the wait counts against their wall-clock budget
+        cfg.sandbox.pool_size = max(cfg.rollout.concurrency, cfg.eval.concurrency)
     validate(cfg)
     return cfg
 
@@ -453,6 +459,8 @@ def validate(cfg: Config) -> None:
          "trainer.warm_start.epochs, batch_size, tasks and per_task must be >= 1"),
         (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
+        (cfg.eval.concurrency is None or cfg.eval.concurrency >= 1,
+         "eval.concurrency must be >= 1 (or null: rollout.concurrency)"),
         (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (cfg.trainer.num_learners >= 1, "trainer.num_learners must be >= 1"),
         (cfg.trainer.num_learners <= (os.cpu_count() or 1) or _cuda_devices() >= cfg.trainer.num_learners,

@@ -159,7 +159,8 @@ class HeldOutEvaluator:
         self.tasks = [tasks[i % len(tasks)] for i in range(min(cfg.eval.n, len(tasks)))]
         self.sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=cfg.sampling.top_p,
                                        max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed)
-        self.rollout = RolloutEngine(engine, tokenizer, self.sampling, concurrency=cfg.rollout.concurrency,
+        self.rollout = RolloutEngine(engine, tokenizer, self.sampling,
+                                     concurrency=cfg.eval.concurrency or cfg.rollout.concurrency,
                                      trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
                                      max_context_tokens=cfg.rollout.max_context_tokens)
         self.path = run_dir / "eval.jsonl" if run_dir is not None else None
@@ -268,7 +269,8 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             engine, tokenizer,
             SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
                            max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed),
-            concurrency=cfg.rollout.concurrency, trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
+            concurrency=cfg.eval.concurrency or cfg.rollout.concurrency,
+            trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
             max_context_tokens=cfg.rollout.max_context_tokens)
         groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
         return [t for g in groups for t in g.trajectories]

@@ -25,6 +25,9 @@ def test_sandbox_pool_defaults_to_one_sandbox_per_trajectory_in_flight() -> None
         assert cfg.sandbox.pool_size == cfg.rollout.concurrency
     assert load_config("code", overrides=["rollout.concurrency=3"]).sandbox.pool_size == 3
     assert load_config("code", overrides=["sandbox.pool_size=2"]).sandbox.pool_size == 2  # a user's choice stays
+    wide_eval = load_config("code", overrides=["rollout.concurrency=3", "eval.concurrency=5"])
+    assert wide_eval.sandbox.pool_size == 5  # the held-out evaluation's episodes get a sandbox each too
+    assert load_config("code", overrides=["rollout.concurrency=3"]).eval.concurrency == 3
 
 
 def test_algorithm_defaults_match_algorithms_md() -> None:
@@ -44,6 +47,7 @@ def test_algorithm_defaults_match_algorithms_md() -> None:
     ("nosuch.key=1", "unknown config key 'nosuch'"),
     ("trainer.lr=-1", "trainer.lr must be > 0"),
     ("sandbox.pool_size=0", "sandbox.pool_size must be >= 1"),
+    ("eval.concurrency=0", "eval.concurrency must be >= 1"),
     ("trainer", "not of the form key.path=value"),
 ])
 def test_bad_values_name_the_key(override: str, message: str) -> None:
