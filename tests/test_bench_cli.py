@@ -21,6 +21,8 @@ def bench_line(*args: str) -> dict:
     assert out.returncode == 0, out.stderr[-2000:]
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(line["machine"]["load_avg"]) == 3 and line["machine"]["cpus"] >= 1
+    # the CPU and its vector extensions: figures of different machines must not be compared as one
+    assert line["machine"]["cpu"]["model"] and "avx2" in line["machine"]["cpu"]["extensions"]
     return line
 
 
