@@ -20,7 +20,8 @@ source:
   (enforce_eager=True), so a step is the longer of the GPU time and the CPU's kernel launches
   (per layer), plus scheduling: a near-empty replica -- the long tail of a synchronous batch --
   is launch-bound and more TP GPUs barely help (paper Fig. 4); AReaL's SGLang replays CUDA
-  graphs. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights, divided by the model's
+  graphs up to 160 running requests (its default cuda_graph_max_bs) and launches eagerly
+  above. KV capacity = `tp`·80 GB·gpu_memory_utilization − weights, divided by the model's
   KV bytes per token. Admission is FCFS while the KV fits (vLLM's 1% watermark); when the KV
   fills, the newest sequence is preempted and later re-prefilled.
 - prefill (new prompts, preempted or moved sequences, partial-rollout resumes): compute-bound;
@@ -123,7 +124,8 @@ class Params:
                               "PyTorch (~15 µs each); verl v0.5 runs vLLM with enforce_eager=True (CUDA graphs "
                               "became its default only after v0.5, verl PR #2956), so every system built on verl "
                               "pays it per decode step -- the reason the paper's Fig. 4 finds more TP GPUs per "
-                              "rollout barely cut decode latency; AReaL's SGLang replays CUDA graphs")
+                              "rollout barely cut decode latency; AReaL's SGLang replays CUDA graphs up to "
+                              "`sglang_graph_max_bs` running requests")
     allreduce_latency_s: float = _p(8e-6, "assumption: NVLink all-reduce latency per call (2 per layer)")
     engine_reload_s: float = _p(3.1, "fitted: vLLM/SGLang weight reload + cache reset per sync or pull (the same "
                                 "for every system), from Fig. 14's best-case rollout-wait reduction vs NCCL "
@@ -137,6 +139,10 @@ class Params:
                                   "decoding (AReaL's rollouts, incl. the re-prefill after every partial-rollout "
                                   "interruption); vLLM V1 (0.9, every other system) mixes chunked prefill into "
                                   "decode steps, so prefill there uses the compute a memory-bound step leaves idle")
+    sglang_graph_max_bs: int = _p(160, "SGLang 0.4 default largest captured CUDA-graph batch, 160 (GPUs with >= 25 "
+                                  "GB); AReaL v0.3's SGLangConfig leaves cuda_graph_max_bs=None (the default) and "
+                                  "disable_cuda_graph=False: its servers replay graphs up to 160 running requests and "
+                                  "launch every kernel eagerly above (its rollouts hold up to 1024)")
     rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
@@ -353,7 +359,10 @@ class Replica:
         self._overhead = p.step_overhead_s
         # eager mode: the CPU launches every layer's kernels each step; the GPU runs behind it,
         # so a step takes the longer of the two (CUDA graphs replay the step in one launch)
-        self._launch = m.layers * p.eager_layer_s if sim.eager else 0.0
+        self._launch = m.layers * p.eager_layer_s
+        # CUDA graphs (AReaL's SGLang) replay a step only up to the largest captured batch;
+        # a bigger batch runs eagerly. vLLM under verl v0.5 is eager at every batch size.
+        self._graph_max = p.sglang_graph_max_bs if not sim.eager else -1
 
     # -- state ------------------------------------------------------------------------------
 
@@ -371,7 +380,8 @@ class Replica:
     def step_time(self) -> float:
         n = len(self.running)
         kv = self.s_base + n * self.progress
-        return self._overhead + max(self._launch, self._fixed + kv * self._per_kv, n * self._per_seq)
+        launch = self._launch if n > self._graph_max else 0.0
+        return self._overhead + max(launch, self._fixed + kv * self._per_kv, n * self._per_seq)
 
     def advance(self) -> None:
         now = self.sim.clock.now

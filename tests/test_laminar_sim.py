@@ -246,3 +246,20 @@ def test_areal_re_prefill_pauses_decoding_unless_sglang_mixes_chunks() -> None:
     slow = sim.AReaL(TINY, "7B", 16).simulate()
     fast = sim.AReaL(replace(TINY, sglang_mixed_chunk=True), "7B", 16).simulate()
     assert fast["gen_tokens_per_s"] > slow["gen_tokens_per_s"]  # at this size the trainer bounds both
+
+
+def test_sglang_launches_eagerly_above_its_largest_cuda_graph() -> None:
+    """SGLang replays CUDA graphs only up to cuda_graph_max_bs running requests (160 by
+    default); a bigger decode batch launches every kernel from the CPU, as verl's eager vLLM
+    does at every size. A smaller graph cap can only make AReaL's steps longer."""
+    p = replace(sim.Params(), eager_layer_s=1e-3)  # launch-bound at these batches, to see the cap
+    steps = {}
+    for cap in (64, 160, 1024):
+        r = sim.Replica("r", sim.AReaL(replace(p, sglang_graph_max_bs=cap), "72B", 128), 8, 0.9)
+        r.add([sim.Seq(f"s{i}", "g", 8000, 0, 0.0) for i in range(100)])  # 100 running, short contexts
+        steps[cap] = r.step_time()
+    assert steps[64] > steps[160] == steps[1024]
+    assert steps[64] >= p.step_overhead_s + 80 * p.eager_layer_s
+    verl = sim.Replica("r", sim.OneStep(p, "72B", 128), 8, 0.9)  # vLLM under verl v0.5: eager at any size
+    verl.add([sim.Seq(f"s{i}", "g", 8000, 0, 0.0) for i in range(100)])
+    assert verl.step_time() == pytest.approx(steps[64])
