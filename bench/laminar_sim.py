@@ -208,6 +208,12 @@ MODELS = {
 }
 
 # Paper Table 2: (total, train, rollout) GPUs per system and model; verl is colocated.
+# Laminar 72B at 512 and 1024 GPUs: the parsed table reads train = rollout = 192 and 256, which
+# leaves 128 and 512 of the row's total idle, unlike every other disaggregated row (train +
+# rollout = total). We keep its rollout column and give the trainer the rest (320 and 768):
+# §8.1 says Laminar's efficient generation "allows allocating more GPUs to the trainer ... as
+# compared to other asynchronous baselines" (one-step 192/256, AReaL 320/640 there); the other
+# reading (rollout = the rest: 320/768) would give Laminar's trainer no more than one-step's.
 PLACEMENT: dict[str, dict[str, list[tuple[int, int, int]]]] = {
     "one-step": {"7B": [(16, 8, 8), (32, 8, 24), (64, 16, 48), (128, 32, 96), (256, 40, 216)],
                  "32B": [(32, 16, 16), (64, 32, 32), (128, 48, 80), (256, 64, 192), (512, 80, 432)],
@@ -217,7 +223,7 @@ PLACEMENT: dict[str, dict[str, list[tuple[int, int, int]]]] = {
               "72B": [(64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 320, 192), (1024, 640, 384)]},
     "laminar": {"7B": [(16, 8, 8), (32, 24, 8), (64, 40, 24), (128, 80, 48), (256, 192, 64)],
                 "32B": [(32, 16, 16), (64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 256, 256)],
-                "72B": [(64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 192, 192), (1024, 256, 256)]},
+                "72B": [(64, 32, 32), (128, 64, 64), (256, 128, 128), (512, 320, 192), (1024, 768, 256)]},
 }
 PLACEMENT["stream"] = PLACEMENT["one-step"]
 PLACEMENT["laminar-no-repack"] = PLACEMENT["laminar"]

@@ -77,6 +77,14 @@ def test_placements_are_table_2() -> None:
     assert sim.placement("one-step", "72B", 1024) == (256, 768)
     assert sim.placement("areal", "72B", 512) == (320, 192)
     assert sim.placement("verl", "32B", 512) == (512, 512)
+    # every disaggregated row uses its whole total; Laminar 72B keeps the table's rollout GPUs
+    # (192, 256) and gives the rest to the trainer (§8.1: more trainer GPUs than the baselines)
+    for system, models in sim.PLACEMENT.items():
+        for rows in models.values():
+            assert all(train + roll == total for total, train, roll in rows), system
+    assert sim.placement("laminar", "72B", 512) == (320, 192)
+    assert sim.placement("laminar", "72B", 1024) == (768, 256)
+    assert sim.placement("laminar", "72B", 1024)[0] > max(sim.placement(s, "72B", 1024)[0] for s in ("one-step", "areal"))
 
 
 def test_slower_interconnect_means_longer_global_sync_and_broadcast() -> None:
