@@ -53,6 +53,9 @@ class EngineConfig:
     weights_dir: str | None = None
     max_model_len: int = 4096
     prefix_cache_mb: float = 1024  # hf: finished turns' KV kept for the next turn's prompt; 0 = off
+    # hf: the forward's precision (autocast; the linear weights kept in it). auto: the trainer's
+    # (trainer.dtype resolved), so the engine samples in the precision the trainer scores in
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
 
 @dataclass
@@ -176,7 +179,7 @@ class TrainerConfig:
     num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU)
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
     # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
-    # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (learner.autocast_dtype)
+    # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (models.autocast_dtype)
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     entropy_every: int = 1  # the entropy metric every N global batches (0: never); costs a V-wide pass
     lora: LoRAConfig = field(default_factory=LoRAConfig)

@@ -201,6 +201,51 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return allowed[dtype]
 
 
+def autocast_dtype(requested: str, device: str) -> str:
+    """A forward precision (`trainer.dtype`, `engine.dtype`) resolved for `device`. "auto" is
+    bfloat16 where the hardware multiplies bf16 natively — a CUDA GPU that supports it, a CPU with
+    AVX512-BF16 or AMX — and float32 elsewhere: on an AVX2-only CPU bf16 autocast ran over 10x
+    slower than fp32, on an AVX512-BF16 one 2.5x faster (`bench/memory.py --learner`,
+    docs/benchmarks.md)."""
+    import torch
+
+    if requested != "auto":
+        return requested
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if kind == "cpu":  # torch's own CPU feature probes (private names: absent ones count as no)
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return "bfloat16" if any(getattr(torch.cpu, name, lambda: False)() for name in probes) else "float32"
+    return "float32"
+
+
+def autocast_weight_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that autocast casts to its low-precision dtype on every forward: the weights
+    and biases of `nn.Linear` layers, less a layer whose weight is also the input embedding (tied
+    LM head: the embedding lookup reads it in full precision)."""
+    import torch
+
+    embedding = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
+    names = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module.weight is not embedding:
+            names.update(f"{prefix}.{name}" if prefix else name for name, _ in module.named_parameters(recurse=False))
+    return names
+
+
+def cast_for_autocast(model: torch.nn.Module, dtype: str) -> set[str]:
+    """Store in `dtype` the weights autocast would cast to it (`autocast_weight_names`), so that a
+    forward under `torch.autocast(dtype)` computes exactly what it computes on the full-precision
+    model — the trainer's bf16 forward, bit for bit — without re-casting them on every step.
+    Returns the names cast."""
+    names = autocast_weight_names(model)
+    params = dict(model.named_parameters())
+    for name in names:
+        params[name].data = params[name].data.to(torch_dtype(dtype))
+    return names
+
+
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "float32",
                device: str = "cpu", **kwargs: Any) -> PreTrainedModel:
     """A causal LM from a model folder (or name), in eval mode on `device`, with grouped-query

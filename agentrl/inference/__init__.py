@@ -22,7 +22,7 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
 def make_engine(cfg: Config) -> InferenceEngine:
     """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
-    from agentrl.models import resolve_configured
+    from agentrl.models import autocast_dtype, resolve_configured
 
     kind = cfg.engine.kind
     path = resolve_configured(cfg.model)  # openai too: the rollout tokenizes with a local copy
@@ -38,7 +38,9 @@ def make_engine(cfg: Config) -> InferenceEngine:
 
         return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size,
                         seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len,
-                        prefix_cache_mb=cfg.engine.prefix_cache_mb)
+                        prefix_cache_mb=cfg.engine.prefix_cache_mb,
+                        autocast=autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype,
+                                                "cpu"))
     if kind == "vllm":
         from agentrl.inference.vllm import VLLMEngine
 

@@ -56,6 +56,13 @@ class GrowingLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        kind = key_states.device.type
+        if torch.is_autocast_enabled(kind):
+            # Stored as attention will read them: autocast casts sdpa's inputs to its dtype (rotary
+            # embeddings leave the keys fp32), so the cast here changes no result and halves the
+            # cache and a step's reads of it.
+            low = torch.get_autocast_dtype(kind)
+            key_states, value_states = key_states.to(low), value_states.to(low)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self._k, self._k_len = _append(self._k, self._k_len, key_states, self.grow)

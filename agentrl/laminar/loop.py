@@ -57,6 +57,19 @@ class LaminarSystem:
     heartbeat_s: float = 1.0
     started: float = field(default_factory=time.perf_counter)
     engines: list[Any] = field(default_factory=list)  # in-process engine objects (none on Ray)
+    # name -> dtype the relays store a weight in: the in-process engines' forward precision, so
+    # they share the snapshot instead of holding a cast copy (`rollout_weight_dtypes`)
+    weight_dtypes: dict[str, str] = field(default_factory=dict)
+
+
+def rollout_weight_dtypes(engines: list[Any]) -> dict[str, str]:
+    """The dtypes every in-process engine computes its weights in (`HFEngine.weight_dtypes`);
+    empty where there is none, or they differ, or an engine lives elsewhere (a Ray actor copies
+    and casts into its own parameters)."""
+    plans = [getattr(e, "weight_dtypes", None) if hasattr(e, "generate") else None for e in engines]
+    if not plans or any(p is None for p in plans) or any(p != plans[0] for p in plans):
+        return {}
+    return dict(plans[0])
 
 
 def resolve_backend(backend: str, num_workers: int, runtime_kind: str) -> str:
@@ -139,7 +152,8 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
                        heartbeat_s=lam.heartbeat_s, name="manager")
     await manager.start()
     return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s,
-                         engines=[e for e in engines if hasattr(e, "generate")])
+                         engines=[e for e in engines if hasattr(e, "generate")],
+                         weight_dtypes=rollout_weight_dtypes(list(engines)))
 
 
 async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
@@ -263,7 +277,8 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     v = learner.version
     with phase("push"):
-        await system.chain.push(await asyncio.to_thread(weight_views, learner), v)  # relays start from v
+        await system.chain.push(await asyncio.to_thread(weight_views, learner), v,  # relays start from v
+                                system.weight_dtypes)
         await share_first_snapshot(system, v)
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
@@ -292,7 +307,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         # views, not a clone: the push copies them into the relay's buffer before the next step
         weights = await asyncio.to_thread(weight_views, learner) if updated else {}
         t3 = time.perf_counter()
-        push_copy_s = await system.chain.push(weights, v) if updated else 0.0
+        push_copy_s = await system.chain.push(weights, v, system.weight_dtypes) if updated else 0.0
         pushed_at = time.perf_counter()
         stall_s = pushed_at - t3  # what the trainer waits for weights: the copy only
         await system.buffer.set_version(v)

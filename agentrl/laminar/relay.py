@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -81,36 +82,44 @@ class TensorSpec:
     nbytes: int
 
 
-def layout(state_dict: dict[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], int]:
-    """Where each tensor lives in the flat buffer, and the buffer's size in bytes. Names that are
-    the same tensor (tied weights: a causal LM's `lm_head.weight` is its embedding matrix) share
-    one byte range, so the buffer holds every distinct tensor once."""
+def layout(state_dict: dict[str, torch.Tensor],
+           dtypes: Mapping[str, str] | None = None) -> tuple[tuple[TensorSpec, ...], int]:
+    """Where each tensor lives in the flat buffer, and the buffer's size in bytes. `dtypes` names
+    the tensors stored in another dtype than they arrive in (cast while copied: the engines'
+    forward precision, `HFEngine.weight_dtypes`). Names that are the same tensor (tied weights: a
+    causal LM's `lm_head.weight` is its embedding matrix) share one byte range, so the buffer
+    holds every distinct tensor once."""
     specs, offset = [], 0
     placed: dict[tuple[Any, ...], int] = {}  # (address, dtype, shape, strides) -> offset
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state_dict[{name!r}] is {type(t).__name__}, expected a torch.Tensor")
-        nbytes = t.numel() * t.element_size()
-        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        dtype = (dtypes or {}).get(name) or str(t.dtype).removeprefix("torch.")
+        nbytes = t.numel() * getattr(torch, dtype).itemsize
+        key = (t.device, t.data_ptr(), dtype, tuple(t.shape), t.stride())
         at = placed.get(key) if nbytes and t.data_ptr() else None
         if at is None:
             at = placed[key] = offset
             offset += -(-nbytes // _ALIGN) * _ALIGN
-        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), at, nbytes))
+        specs.append(TensorSpec(name, dtype, tuple(t.shape), at, nbytes))
     return tuple(specs), offset
 
 
 def flatten_into(state_dict: dict[str, torch.Tensor], specs: tuple[TensorSpec, ...],
                  flat: torch.Tensor) -> None:
-    """Copy every tensor into its byte range of `flat` (the real copy of a push); a range two
-    tied names share is copied once."""
+    """Copy every tensor into its byte range of `flat` (the real copy of a push; a cast to the
+    spec's dtype happens in the same copy); a range two tied names share is copied once."""
     done: set[int] = set()
     for s in specs:
         if s.nbytes and s.offset in done:
             continue
         done.add(s.offset)
-        src = state_dict[s.name].detach().reshape(-1).contiguous()
-        flat[s.offset:s.offset + s.nbytes].copy_(src.view(torch.uint8))
+        src = state_dict[s.name].detach().reshape(-1)
+        dst = flat[s.offset:s.offset + s.nbytes]
+        if src.dtype == getattr(torch, s.dtype):
+            dst.copy_(src.contiguous().view(torch.uint8))
+        else:
+            dst.view(getattr(torch, s.dtype)).copy_(src)
 
 
 class ReadOnlyWeights(dict):  # type: ignore[type-arg]
@@ -219,14 +228,15 @@ class Relay:
 
     # -- the master's side ---------------------------------------------------------------------
 
-    async def push(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
-        """Copy the weights into a fresh host buffer, start the broadcast, return the copy's
-        seconds (the trainer's whole stall, §1.2 ⑤)."""
+    async def push(self, state_dict: dict[str, torch.Tensor], version: int,
+                   dtypes: Mapping[str, str] | None = None) -> float:
+        """Copy the weights into a fresh host buffer (the names in `dtypes` cast to theirs), start
+        the broadcast, return the copy's seconds (the trainer's whole stall, §1.2 ⑤)."""
         if self._complete is not None and version <= self._complete.version:
             raise ValueError(f"relay {self.id}: pushed version {version} is not newer than "
                              f"{self._complete.version}")
         t0 = time.perf_counter()
-        specs, size = layout(state_dict)
+        specs, size = layout(state_dict, dtypes)
         flat = self._buffer(size)
         await asyncio.to_thread(flatten_into, state_dict, specs, flat)
         copy_s = time.perf_counter() - t0
@@ -379,11 +389,12 @@ class RelayChain:
         for i, r in enumerate(self.relays):
             await r.set_downstream(self.relays[i + 1:])
 
-    async def push(self, state_dict: dict[str, torch.Tensor], version: int) -> float:
+    async def push(self, state_dict: dict[str, torch.Tensor], version: int,
+                   dtypes: Mapping[str, str] | None = None) -> float:
         """Push to the master; if it is dead, elect the next relay as master and retry."""
         while self.relays:
             try:
-                return await self.master.push(state_dict, version)
+                return await self.master.push(state_dict, version, dtypes)
             except ActorDied:
                 await self.remove(self.master.name)
         raise ActorDied("every relay is dead")

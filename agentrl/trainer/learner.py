@@ -38,6 +38,7 @@ from torch import Tensor
 
 from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
 from agentrl.heap import track
+from agentrl.models import autocast_dtype
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -128,22 +129,6 @@ def has_dropout(model: torch.nn.Module) -> bool:
 def warmup_constant(warmup_steps: int):
     """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant."""
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-
-
-def autocast_dtype(requested: str, device: str) -> str:
-    """`trainer.dtype` resolved for `device`. "auto" is bfloat16 where the hardware multiplies bf16
-    natively — a CUDA GPU that supports it, a CPU with AVX512-BF16 or AMX — and float32 elsewhere:
-    on an AVX2-only CPU bf16 autocast ran over 10x slower than fp32, on an AVX512-BF16 one 2.5x
-    faster (`bench/memory.py --learner`, docs/benchmarks.md)."""
-    if requested != "auto":
-        return requested
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    if kind == "cpu":  # torch's own CPU feature probes (private names: absent ones count as no)
-        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return "bfloat16" if any(getattr(torch.cpu, name, lambda: False)() for name in probes) else "float32"
-    return "float32"
 
 
 class Learner:

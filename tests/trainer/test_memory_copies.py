@@ -17,7 +17,9 @@ from agentrl.trainer.logprobs import token_logprobs
 
 @pytest.fixture(scope="module")
 def cfg():
-    return load_config(env="code", overrides=["trainer.warm_start.enabled=false", "eval.enabled=false"])
+    # fp32: the log-prob checks below are fp32 equalities (the bf16 engine: tests/test_engine_precision.py)
+    return load_config(env="code", overrides=["trainer.warm_start.enabled=false", "eval.enabled=false",
+                                              "trainer.dtype=float32"])
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +116,17 @@ async def test_prefix_store_is_empty_during_the_learner_step():
     assert len(held) == 2 and held[0] == 0
 
 
-async def test_engine_shares_the_first_push_and_holds_no_weights_of_its_own(cfg, learner):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_engine_shares_the_first_push_and_holds_no_weights_of_its_own(cfg, learner, dtype):
     """Before any step trains, the rollout engine's weights are the relay's v0 buffer (its worker
-    never pulls v0: it loaded the same weights from disk)."""
+    never pulls v0: it loaded the same weights from disk). A bf16 engine too: the relay stores the
+    linear weights in bf16 (`LaminarSystem.weight_dtypes`), half their fp32 bytes."""
     from agentrl.laminar.loop import build_system, shutdown, train
     from agentrl.laminar.runtime import LocalRuntime
     from tests.laminar.helpers import make_spread_env, small_config, tail_tasks
 
     small = small_config("global-async", **{"laminar.num_relays": 1})
-    engine = make_engine(cfg)
+    engine = make_engine(load_config(env="code", overrides=[f"trainer.dtype={dtype}"]))
     own = {p.data_ptr() for p in engine.model.parameters()}
     system = await build_system(small, make_spread_env, tail_tasks(1), [engine], LocalRuntime())
     try:
@@ -131,6 +135,11 @@ async def test_engine_shares_the_first_push_and_holds_no_weights_of_its_own(cfg,
         assert snap.version == learner.version
         assert all(_inside(p, snap.flat) for p in engine.model.parameters())
         assert not own & {p.data_ptr() for p in engine.model.parameters()}
+        assert system.weight_dtypes == engine.weight_dtypes
+        unique = _unique_bytes(learner.model)
+        halved = sum(p.numel() * 2 for n, p in learner.model.named_parameters() if n in engine.weight_dtypes)
+        assert bool(halved) == (dtype == "bfloat16")
+        assert unique - halved <= snap.nbytes <= unique - halved + 64 * 300
     finally:
         await shutdown(system)
         await engine.close()
