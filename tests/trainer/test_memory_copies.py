@@ -168,6 +168,14 @@ async def test_eval_engine_keeps_no_kv_after_an_evaluation(tmp_path, learner):
         assert stages.eval_engine.metrics["prefill_tokens"] > 0
         assert freed and freed[0] > 0  # it kept the finished turns' KV ...
         assert stages.eval_engine._prefix.bytes == 0  # ... and released it when the evaluation ended
+        # Between evaluations it holds no weights of its own: views of the learner's, or nothing
+        # (the bf16 casts it made are freed), so the learner's steps do not pay for them.
+        learner_ptrs = {p.data_ptr() for p in learner.model.parameters()}
+        engine_params = list(stages.eval_engine.model.parameters())
+        assert all(p.numel() == 0 or p.data_ptr() in learner_ptrs for p in engine_params)
+        assert stages.eval_engine.autocast != "bfloat16" or any(p.numel() == 0 for p in engine_params)
+        again = await stages.evaluate("final", 1)  # the weights come back for the next evaluation
+        assert again["heldout_n"] == 2 and again["heldout_errors"] == 0
     finally:
         await stages.close()
         await pool.close()
