@@ -11,8 +11,10 @@ left-padded cache of `--decode-context` tokens per row, one thread, for transfor
 (`sdpa`, which copies the key/value heads per query head under a mask, and `DynamicCache`, which
 concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/attention.py) on that
 cache, and `sdpa_gqa` on the in-place cache the hf engine uses (agentrl/inference/kv_cache.py);
-interleaved in one process, CPU time rather than wall time so a shared machine's load does not
-tilt the ratio `decode_step_default_over_engine`.
+and the engine in bf16 (`engine.dtype: auto` under a bf16 trainer: linear weights and cache in bf16,
+autocast, grouped decode attention); interleaved in one process, CPU time rather than wall time so a
+shared machine's load does not tilt the ratios `decode_step_default_over_engine` and
+`decode_step_fp32_over_bf16_engine`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.inference.base import SamplingParams
 from agentrl.inference.hf import HFEngine
-from agentrl.models import load_model, load_tokenizer, resolve_model
+from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
 from bench._common import emit, machine_info
 
 
@@ -65,8 +67,11 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     from agentrl.inference.kv_cache import growing_cache
 
     models = {impl: load_model(path, attn_implementation=impl) for impl in ("sdpa", "sdpa_gqa")}
+    models["bf16"] = load_model(path)  # the engine under a bf16 trainer (engine.dtype: auto on AVX512-BF16/AMX)
+    cast_for_autocast(models["bf16"], "bfloat16")
     variants = {"sdpa": ("sdpa", DynamicCache), "sdpa_gqa": ("sdpa_gqa", DynamicCache),
-                "sdpa_gqa+in_place_cache": ("sdpa_gqa", growing_cache)}
+                "sdpa_gqa+in_place_cache": ("sdpa_gqa", growing_cache),
+                "bf16+sdpa_gqa+in_place_cache": ("bf16", growing_cache)}
     config = models["sdpa"].config
     kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     previous = torch.get_num_threads()
@@ -78,13 +83,16 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
             for name, (impl, make_cache) in variants.items():
                 torch.manual_seed(0)
                 cache = make_cache(config=config)
-                for layer in cache.layers:
-                    layer.update(torch.randn(rows, kv_heads, context, head_dim), torch.randn(rows, kv_heads, context, head_dim))
+                precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "bf16")
+                with precision:  # a bf16 engine's cache holds bf16 keys and values
+                    for layer in cache.layers:
+                        layer.update(torch.randn(rows, kv_heads, context, head_dim),
+                                     torch.randn(rows, kv_heads, context, head_dim))
                 mask = torch.ones(rows, context, dtype=torch.long)
                 mask[:, : context // 10] = 0  # left padding, as rows of different lengths have
                 ids = torch.randint(100, 1000, (rows, 1))
                 start = time.process_time()
-                with torch.no_grad():
+                with torch.no_grad(), precision:
                     for s in range(steps):
                         mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], 1)
                         position = torch.full((rows, 1), context - context // 10 + s)
@@ -98,7 +106,9 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     return {"decode_rows": rows, "decode_context": context,
             "decode_step_cpu_s": {k: round(v, 4) for k, v in best.items()},
             "decode_step_default_over_engine": round(best["sdpa"] / best[engine], 2),
-            "decode_logits_max_abs_diff": max(float((logits["sdpa"] - x).abs().max()) for x in logits.values())}
+            "decode_step_fp32_over_bf16_engine": round(best[engine] / best["bf16+" + engine], 2),
+            "decode_logits_max_abs_diff": max(float((logits["sdpa"] - logits[k]).abs().max()) for k in variants
+                                              if not k.startswith("bf16"))}
 
 
 def main() -> None:
