@@ -429,8 +429,8 @@ _ENGINE_FIX = {
 
 async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
     """In-process engines that can share memory (HFEngine.share_weights) drop the copy they loaded
-    from disk and run on views of the learner's parameters until the first push moves them onto
-    the relay's snapshot (`share_first_snapshot`). They generate nothing before that push, so the
+    from disk and hold views of the learner's parameters, or nothing, until the first push moves
+    them onto the relay's snapshot (`share_first_snapshot`). They generate nothing before that push, so the
     base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
     from agentrl.laminar.loop import weight_views
 
@@ -439,6 +439,11 @@ async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
         share = getattr(engine, "share_weights", None)
         if share is not None:
             await share(weight_views(learner), learner.version)
+            # what it could not take as views (bf16 casts of the linear weights) it does not need
+            # before the first push either
+            release = getattr(engine, "release_weights", None)
+            if release is not None:
+                await release()
             shared = True
     if shared:
         trim_heap()  # the engines' own weights were just freed
