@@ -31,7 +31,9 @@ def test_memory_bench_prints_the_peak_of_a_real_run() -> None:
     # the phase timeline: the run marked its phases and the peak falls in one of them
     assert line["peak_phase"] in line["phases"] and {"load_model", "push", "rollout"} <= set(line["phases"])
     measured = line["measured_gb"]["max"]
-    assert abs(measured["learner_weights"] - weights) < 0.01 and measured["relay_buffers"] > 0.9 * weights
+    # the relay holds a whole copy, in the engines' precision: fp32 (W), or under a bf16 trainer
+    # the linear weights in bf16 (0.61 W for this model; tests/test_engine_precision.py)
+    assert abs(measured["learner_weights"] - weights) < 0.01 and measured["relay_buffers"] > 0.55 * weights
     # the rollout engine never holds weights of its own: it runs on the learner's parameters until
     # the first push, then on the relay's snapshot
     assert measured["engine_weights"] < 0.01
