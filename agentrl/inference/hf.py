@@ -102,8 +102,8 @@ class HFEngine:
         # autocast: the trainer's forward precision. Under bf16 the engine keeps the weights that
         # autocast casts (the linear layers) in bf16 and runs under the same autocast: a forward
         # computes what the trainer's computes, without re-casting the weights every step, and its
-        # matmuls and KV cache run at bf16 speed and size (a decode step 1.5-3x faster, a prefill
-        # 2x, on an AVX512-BF16 CPU; `bench/inference.py`). Incremental decoding still rounds in
+        # matmuls and KV cache run at bf16 speed and size (a decode step 1.3-1.5x less CPU, a prefill
+        # ~2x, on an AVX512-BF16 CPU; `bench/inference.py`). Incremental decoding still rounds in
         # another order than the trainer's full forward: log-probs differ by bf16 noise (mean
         # 0.03, as an fp32 engine beside a bf16 trainer), which the trainer's ratios correct.
         self.autocast = autocast
