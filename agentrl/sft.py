@@ -108,7 +108,7 @@ def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
                 total = 0.0
                 for i in range(-(-len(slices) // world)):
                     real = i < len(mine)
-                    mb = Learner._trim(step.select(mine[i] if real else slices[0]))  # drop padding columns
+                    mb = learner._trim(step.select(mine[i] if real else slices[0]))  # drop padding columns
                     loss = sft_loss(_policy_logprobs(learner, mb).float().cpu(), mb.loss_mask, n_policy)
                     # FSDP averages gradients over ranks; the divisor already counts the whole step
                     (loss * (world if real else 0.0)).backward()
