@@ -43,8 +43,7 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
             or kwargs.get("position_bias") is not None or attention_mask is None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    low = _low_precision(query)
-    if query.shape[2] == 1 and low is not None and dropout == 0.0:
+    if query.shape[2] == 1 and dropout == 0.0 and (low := _low_precision(query)) is not None:
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
         return grouped_decode_attention(q, k, v, attention_mask, scaling), None
     # With a mask, transformers' rule makes every call non-causal: the mask carries causality.

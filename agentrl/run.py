@@ -430,8 +430,8 @@ _ENGINE_FIX = {
 async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
     """In-process engines that can share memory (HFEngine.share_weights) drop the copy they loaded
     from disk and hold views of the learner's parameters, or nothing, until the first push moves
-    them onto the relay's snapshot (`share_first_snapshot`). They generate nothing before that push, so the
-    base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
+    them onto the relay's snapshot (`share_first_snapshot`). They generate nothing before that
+    push, so the base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
     from agentrl.laminar.loop import weight_views
 
     shared = False

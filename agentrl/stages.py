@@ -96,9 +96,11 @@ class Stages:
             rec = await self.evaluator.run(self.learner, phase, step)
             # Its kept KV, and the weights it holds of its own (bf16 casts of the learner's), would
             # sit idle until the next evaluation, through the learner's steps.
-            drop = getattr(self.eval_engine, "drop_prefixes", None)
-            release = getattr(self.eval_engine, "release_weights", None)
-            if (drop is not None and await drop()) | (release is not None and await release()):
+            freed = 0
+            for name in ("drop_prefixes", "release_weights"):
+                free = getattr(self.eval_engine, name, None)
+                freed += await free() if free is not None else 0
+            if freed:
                 trim_heap()
         _say(self.cfg, f"{phase} (step {step}): {heldout_line(rec)}")
         return rec
