@@ -117,6 +117,11 @@ def phase_timeline(samples: list[tuple[float, int]], marks: list[dict[str, Any]]
         return {}
     times = [m["t"] for m in marks]
     t_start = samples[0][0]
+    polled = samples
+    # Each mark carries the run's RSS when it was written: a phase shorter than the poll interval
+    # (a push of a small model takes ~0.1 s) still gets a sample. The run's own RSS is at most the
+    # process tree's, so a mark never raises a peak the poller did not see.
+    samples = sorted([*samples, *((m["t"], m["rss"]) for m in marks if m.get("rss") and m["t"] >= t_start)])
 
     def at(t: float) -> int:  # index of the mark in force at time t (-1: before the first)
         return bisect.bisect_right(times, t) - 1
@@ -153,7 +158,7 @@ def phase_timeline(samples: list[tuple[float, int]], marks: list[dict[str, Any]]
     }
     if timeline_path:
         with open(timeline_path, "w") as f:
-            for t, rss in samples:
+            for t, rss in polled:
                 f.write(json.dumps({"t_s": round(t - t_start, 2), "rss_gb": round(rss / GB, 4),
                                     "phase": name(at(t))}) + "\n")
     return out

@@ -92,5 +92,10 @@ def test_phase_timeline_names_the_phase_that_peaked_and_the_components_there(tmp
     assert [s["phase"] for s in out["timeline"]] == ["startup", "rollout", "learner_step", "rollout"]
     assert out["measured_gb"]["at_peak_start"]["weights"] == round((1 << 20) / GB, 3)
     assert len((tmp_path / "timeline.jsonl").read_text().splitlines()) == 4
+    # a phase shorter than the poll interval (no RSS sample inside it) still shows, at its mark's RSS
+    short = [dict(marks[0]), {**marks[1], "phase": "push", "t": t[0] + 1.05}, {**marks[2], "t": t[0] + 1.1}]
+    out = phase_timeline([(t[0] - 1, GB // 2), (t[0] + 1, GB), (t[0] + 1.2, GB)], short)
+    assert out["phases"]["push"]["peak_gb"] == round(marks[1]["rss"] / GB, 3) > 0
+    assert [s["phase"] for s in out["timeline"]] == ["startup", "rollout", "push", "rollout"]
     del owner  # a freed owner is no longer counted
     assert heap.component_bytes() == {}
