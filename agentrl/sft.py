@@ -22,6 +22,7 @@ from torch import Tensor
 
 from agentrl.config import Config, ConfigError, WarmStartConfig
 from agentrl.demos import DemonstrationError, collect_demonstrations, trajectories_from_jsonl
+from agentrl.heap import mapped_tensors
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import token_logprobs_and_stats
@@ -58,12 +59,13 @@ def sft_train(learner: Any, trajectories: Sequence[Trajectory], ws: WarmStartCon
              else sft_steps(learner, batch, ws, micro_batch_size))
     rows: list[dict[str, Any]] = []
     try:
-        for row in steps:
-            rows.append(row)
-            if on_step is not None:
-                on_step(row)
-            if should_stop is not None and should_stop():
-                break
+        with mapped_tensors():  # the steps' activations and gradients do not fragment the heap
+            for row in steps:
+                rows.append(row)
+                if on_step is not None:
+                    on_step(row)
+                if should_stop is not None and should_stop():
+                    break
     finally:
         steps.close()  # restores the RL learning rate, clears the moments, bumps the version
     return rows

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import psutil
 import torch
 
@@ -28,3 +31,39 @@ def test_trim_heap_returns_fragmented_free_memory() -> None:
     after = proc.memory_info().rss
     assert kept - after > 0.5 * 200 * 1.6e6, (before >> 20, kept >> 20, after >> 20)
     assert len(pins) == 200
+
+
+def test_mapped_tensors_give_freed_step_memory_back_without_a_trim() -> None:
+    """The learner's phases run inside `mapped_tensors`: the same fragmenting pattern, but each
+    tensor is its own mapping, so freeing them returns the memory at once (no trim, and it never
+    piles up in the heap during the step). Outside the block the sliding threshold applies again.
+    In a fresh interpreter: free chunks an earlier test left in the heap would be reused first."""
+    script = """
+import psutil, torch
+from agentrl.heap import mapped_tensors, trim_heap
+proc = psutil.Process()
+big = [torch.ones(8_000_000) for _ in range(2)]  # slides glibc's threshold up, as a loaded model does
+del big
+pins = []
+
+def fragment():
+    freed = []
+    for _ in range(200):
+        freed.append(torch.ones(400_000))  # 1.6 MB
+        pins.append(torch.ones(1000))
+    for t in freed:
+        t.add_(1)
+    kept = proc.memory_info().rss
+    del freed, t
+    return kept - proc.memory_info().rss  # what freeing gave back by itself
+
+with mapped_tensors():
+    inside = fragment()
+outside = fragment()  # the threshold is fixed at 32 MiB again: 1.6 MB tensors come from the heap
+print(inside, outside)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    inside, outside = map(int, out.stdout.split())
+    assert inside > 0.8 * 200 * 1.6e6, inside >> 20
+    assert outside < 0.2 * 200 * 1.6e6, outside >> 20

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.heap import mark_phase, phase, trim_heap
+from agentrl.heap import mapped_tensors, mark_phase, phase, trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
@@ -168,7 +168,7 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
 
 
 def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
-    with phase("learner_step"):
+    with phase("learner_step"), mapped_tensors():
         metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
