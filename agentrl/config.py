@@ -176,7 +176,9 @@ class TrainerConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     checkpoint_every: int = 5
     seed: int = 0
-    num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU)
+    num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU, NCCL on GPUs)
+    learner_num_gpus: float = 0.0  # on Ray (--ray): each learner rank's GPUs (1: NCCL), placed by Ray
+    learner_num_cpus: float = 1.0  # on Ray: each learner rank's CPUs (its torch threads)
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
     # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
     # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (models.autocast_dtype)
@@ -466,9 +468,13 @@ def validate(cfg: Config) -> None:
          "eval.concurrency must be >= 1 (or null: rollout.concurrency)"),
         (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (cfg.trainer.num_learners >= 1, "trainer.num_learners must be >= 1"),
-        (cfg.trainer.num_learners <= (os.cpu_count() or 1) or _cuda_devices() >= cfg.trainer.num_learners,
+        # on Ray the cluster's resources decide (the learners' placement group says when they do not fit)
+        (cfg.laminar.ray_address is not None or cfg.trainer.num_learners <= (os.cpu_count() or 1)
+         or _cuda_devices() >= cfg.trainer.num_learners,
          f"trainer.num_learners={cfg.trainer.num_learners} exceeds the devices here ({os.cpu_count()} CPU cores, "
          f"{_cuda_devices()} GPUs); lower it"),
+        (cfg.trainer.learner_num_gpus >= 0 and cfg.trainer.learner_num_cpus > 0,
+         "trainer.learner_num_gpus must be >= 0 and trainer.learner_num_cpus > 0"),
         (cfg.trainer.num_learners == 1 or (cfg.trainer.kl_coef == 0 and cfg.trainer.lora.rank == 0),
          "trainer.num_learners > 1 does not support trainer.kl_coef > 0 or trainer.lora yet; set num_learners=1"),
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),

@@ -269,14 +269,17 @@ def train(plan: RunPlan) -> int:
 async def _train(plan: RunPlan) -> int:
     progress = _Progress(plan.config.trainer.steps, 0, plan.config.run.quiet)
     ticker = asyncio.ensure_future(progress.run())
+    from agentrl.laminar.cluster import ray_session
+
     try:
-        return await _run(plan, progress)
+        async with ray_session(plan.config) as ray_runtime:  # None unless --ray
+            return await _run(plan, progress, ray_runtime)
     finally:
         ticker.cancel()
         progress.close()
 
 
-async def _run(plan: RunPlan, progress: _Progress) -> int:
+async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
     from agentrl.inference import make_engine
     from agentrl.laminar.cluster import loop_runtime, pool_metrics
     from agentrl.laminar.loop import run_training_async
@@ -291,7 +294,9 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
     status.stage = "loading model"
     mark_phase("load_model")
     model_path = resolve_configured(cfg.model)
-    learner = make_learner(model_path, cfg.trainer, temperature=cfg.sampling.temperature, reward_cfg=cfg.reward)
+    # on Ray, sharded learner ranks are actors that resolve the model on their own nodes
+    learner = await asyncio.to_thread(make_learner, model_path, cfg.trainer, cfg.sampling.temperature, cfg.reward,
+                                      cfg.model if ray_runtime is not None else None)
     log.info("learner forward in %s (trainer.dtype=%s)", getattr(learner, "dtype", cfg.trainer.dtype),
              cfg.trainer.dtype)
     start_step = 0
@@ -392,11 +397,14 @@ async def _run(plan: RunPlan, progress: _Progress) -> int:
         status.stage = "evaluating" if cfg.eval.enabled else "warm start"
         await stages.before_rl(lambda _: checkpoint(start_step), stop.is_set)  # base eval, warm start, eval after it
         status.stage = "rollout"
-        async with loop_runtime(cfg, run_dir.name, env_factory, make_env) as (runtime, loop_env_factory, node_pools):
+        async with loop_runtime(cfg, run_dir.name, env_factory, make_env,
+                                ray_runtime) as (runtime, loop_env_factory, node_pools):
             summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,
                                                on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"))
             if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
                 summary["sandbox_pools"] = await pool_metrics(node_pools)
+        summary["learners"] = {"num_learners": cfg.trainer.num_learners,
+                               "placement": getattr(learner, "placement", "in-process")}
         status.stage = "done"
         mark_phase("done")
         summary.update(await stages.finish(cfg.trainer.steps))

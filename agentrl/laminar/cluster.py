@@ -185,8 +185,9 @@ async def stop_pools(pools: dict[str, Any]) -> None:
 def local_cluster_cpus(cfg: Config) -> int:
     """Logical CPUs of a `--ray local` cluster: enough for every actor this run reserves
     (Ray would otherwise leave an actor pending forever on a small machine)."""
-    lam = cfg.laminar
-    needed = lam.num_workers * lam.worker_num_cpus + lam.pool_num_cpus + 1
+    lam, tr = cfg.laminar, cfg.trainer
+    learners = tr.num_learners * tr.learner_num_cpus if tr.num_learners > 1 else 0  # Ray-placed ranks
+    needed = lam.num_workers * lam.worker_num_cpus + lam.pool_num_cpus + learners + 1
     return max(os.cpu_count() or 1, int(needed + 0.999))
 
 
@@ -199,19 +200,32 @@ class RemoteEngine(EngineFactory):
 
 
 @contextlib.asynccontextmanager
-async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
-                       env_builder: Callable[[Config, Any], Any],
-                       ) -> AsyncIterator[tuple[Any, Callable[[], Any], dict[str, Any]]]:
-    """The runtime, env factory and sandbox pool actors (node id -> actor) the training loop runs
-    with: locally (None, `env_factory`, {}); with `laminar.ray_address`, a Ray runtime, one sandbox
-    pool actor per node and a `NodeEnvFactory` (the pools and a cluster this call started end
-    with the block)."""
+async def ray_session(cfg: Config) -> AsyncIterator[Any]:
+    """The run's Ray runtime with `laminar.ray_address` (a `--ray local` cluster it starts ends
+    with the block), else None. Up from the start of the run: sharded learner ranks are Ray
+    actors too (`trainer.num_learners > 1`)."""
     if cfg.laminar.ray_address is None:
-        yield None, env_factory, {}
+        yield None
         return
     from agentrl.laminar.loop import ray_runtime
 
-    runtime = ray_runtime(cfg)
+    runtime = await asyncio.to_thread(ray_runtime, cfg)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+@contextlib.asynccontextmanager
+async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
+                       env_builder: Callable[[Config, Any], Any], runtime: Any = None,
+                       ) -> AsyncIterator[tuple[Any, Callable[[], Any], dict[str, Any]]]:
+    """The runtime, env factory and sandbox pool actors (node id -> actor) the training loop runs
+    with: locally (None, `env_factory`, {}); on Ray (`runtime`, from `ray_session`), one sandbox
+    pool actor per node and a `NodeEnvFactory` (the pools end with the block)."""
+    if runtime is None:
+        yield None, env_factory, {}
+        return
     if runtime.reaper is not None:  # a driver crash also takes this run's sandboxes (Docker: by label)
         runtime.reaper.watch_run(run_id, docker=cfg.sandbox.backend == "docker")
     pools: dict[str, Any] = {}
@@ -220,4 +234,3 @@ async def loop_runtime(cfg: Config, run_id: str, env_factory: Callable[[], Any],
         yield runtime, NodeEnvFactory(cfg, env_builder), pools
     finally:
         await stop_pools(pools)
-        runtime.close()

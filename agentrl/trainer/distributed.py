@@ -1,6 +1,8 @@
 """Data-parallel, sharded learner (issue 16): `trainer.num_learners=N` runs N learner processes in
 one torch.distributed group (gloo on CPU, NCCL on GPU) with FSDP2 `fully_shard` on every decoder
-layer and on the root, so each rank holds 1/N of the weights, gradients and Adam state.
+layer and on the root, so each rank holds 1/N of the weights, gradients and Adam state. Locally the
+ranks are spawned processes on loopback; with `--ray` they are Ray actors in one placement group
+(`trainer.learner_num_gpus` / `learner_num_cpus` each) that meet at rank 0's node.
 
 Every rank runs the same `Learner.step` on the whole global batch (the same seeded shuffle, the
 same advantages); in the mini-batch loop each rank forwards its own micro-batches (round-robin)
@@ -31,6 +33,7 @@ import torch.multiprocessing as mp
 from torch import Tensor
 
 from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
+from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -152,58 +155,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_group(rank: int, world: int, port: int) -> None:
-    """Join the learners' group on loopback: NCCL where every rank has a GPU, else gloo."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
-
-
-def _worker(rank: int, world: int, port: int, conn: Any, model: Any, cfg: TrainerConfig, temperature: float,
-            reward_cfg: RewardConfig | None, threads: int) -> None:
-    """One learner rank: answer the driver's commands until "close"; rank 0 replies with data."""
-    torch.set_num_threads(threads)
-    init_group(rank, world, port)
-    device = f"cuda:{rank}" if dist.get_backend() == "nccl" else "cpu"
-    try:
-        learner = ShardedLearner(model, cfg, temperature, reward_cfg, device)
-        sft: Any = None  # the warm start's step generator, between "sft_begin" and "sft_end"
-        conn.send(("ok", None))
-        while True:
-            cmd, arg = conn.recv()
-            if cmd == "close":
-                break
-            if cmd == "step":
-                result: Any = learner.step(arg)
-            elif cmd == "weights":  # every rank takes part in each gather; rank 0 keeps the result
-                result = {k: v for k, v in learner.weight_items() if rank == 0} or None
-            elif cmd == "training_state":
-                state = learner.training_state()
-                result = state if rank == 0 else None
-            elif cmd == "load_training_state":
-                result = learner.load_training_state(arg)
-            elif cmd == "memory":
-                result = shard_bytes(learner)
-            elif cmd == "sft_begin":  # the warm start, one optimizer step per "sft_next"
-                from agentrl.sft import sft_steps
-
-                sft = sft_steps(learner, *arg)
-                result = None
-            elif cmd == "sft_next":
-                result = next(sft, None)
-            elif cmd == "sft_end":  # restores the RL learning rate, clears Adam's moments
-                sft.close()
-                result = None
-            else:
-                raise ValueError(f"unknown learner command {cmd!r}")
-            conn.send(("ok", (result, learner.version, learner.global_step)))
-    except BaseException as e:  # the driver re-raises it in its own process
-        conn.send(("error", f"learner rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    finally:
-        dist.destroy_process_group()
-        conn.close()
+def init_group(rank: int, world: int, port: int, addr: str = "127.0.0.1", gpu: int | None = None) -> str:
+    """Join the learners' group at addr:port: NCCL on this process's GPU `gpu`, else gloo on the
+    CPU. Returns the rank's device."""
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+    dist.init_process_group("nccl" if gpu is not None else "gloo", rank=rank, world_size=world)
+    return f"cuda:{gpu}" if gpu is not None else "cpu"
 
 
 def shard_bytes(learner: Learner) -> dict[str, int]:
@@ -217,50 +176,261 @@ def shard_bytes(learner: Learner) -> dict[str, int]:
     return {"weights": weights, "optimizer": optim}
 
 
-class DistributedLearner:
-    """Driver-side facade over `num_learners` ShardedLearner processes (spawned, loopback group).
-    Exposes the `Learner` methods the training loop and checkpoints call."""
+class LearnerRank:
+    """One rank of the sharded learner: joins the group, builds its `ShardedLearner` and answers
+    the driver's commands — the same in a spawned process (`_worker`) and in a Ray actor
+    (`RayLearnerRank`). Every rank takes part in each command; rank 0's result is the one kept."""
 
-    def __init__(self, model: str | Path, cfg: TrainerConfig, num_learners: int, temperature: float = 1.0,
-                 reward_cfg: RewardConfig | None = None) -> None:
-        if isinstance(model, torch.nn.Module):
-            raise TypeError("DistributedLearner takes a model path (each rank loads its own copy)")
-        self.cfg, self.temperature, self.reward_cfg = cfg, temperature, reward_cfg
-        self.world = num_learners
-        self.version = 0
-        self.global_step = 0
+    def __init__(self, rank: int, world: int, addr: str, port: int, model: Any, cfg: TrainerConfig,
+                 temperature: float, reward_cfg: RewardConfig | None, threads: int, gpu: int | None) -> None:
+        torch.set_num_threads(threads)
+        set_mmap_threshold(LEARNER_MMAP_THRESHOLD)  # this process only learns (agentrl/heap.py)
+        device = init_group(rank, world, port, addr, gpu)
+        self.rank = rank
+        self.learner = ShardedLearner(model, cfg, temperature, reward_cfg, device)
+        self.sft: Any = None  # the warm start's step generator, between "sft_begin" and "sft_end"
+
+    def handle(self, cmd: str, arg: Any) -> tuple[Any, int, int]:
+        learner, rank = self.learner, self.rank
+        if cmd == "step":
+            result: Any = learner.step(arg)
+        elif cmd == "weights":  # every rank takes part in each gather; rank 0 keeps the result
+            result = {k: v for k, v in learner.weight_items() if rank == 0} or None
+        elif cmd == "training_state":
+            state = learner.training_state()
+            result = state if rank == 0 else None
+        elif cmd == "load_training_state":
+            result = learner.load_training_state(arg)
+        elif cmd == "memory":
+            result = shard_bytes(learner)
+        elif cmd == "sft_begin":  # the warm start, one optimizer step per "sft_next"
+            from agentrl.sft import sft_steps
+
+            self.sft = sft_steps(learner, *arg)
+            result = None
+        elif cmd == "sft_next":
+            result = next(self.sft, None)
+        elif cmd == "sft_end":  # restores the RL learning rate, clears Adam's moments
+            self.sft.close()
+            result = None
+        else:
+            raise ValueError(f"unknown learner command {cmd!r}")
+        return result, learner.version, learner.global_step
+
+    @staticmethod
+    def close() -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _worker(rank: int, world: int, port: int, conn: Any, model: Any, cfg: TrainerConfig, temperature: float,
+            reward_cfg: RewardConfig | None, threads: int) -> None:
+    """A spawned learner rank: answer the driver's commands until "close"."""
+    # one GPU per rank where this machine has one for each, else gloo on the CPU
+    gpu = rank if torch.cuda.is_available() and torch.cuda.device_count() >= world else None
+    try:
+        node = LearnerRank(rank, world, "127.0.0.1", port, model, cfg, temperature, reward_cfg, threads, gpu)
+        conn.send(("ok", None))
+        while (msg := conn.recv())[0] != "close":
+            conn.send(("ok", node.handle(*msg)))
+    except BaseException as e:  # the driver re-raises it in its own process
+        conn.send(("error", f"learner rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        LearnerRank.close()
+        conn.close()
+
+
+class RayLearnerRank:
+    """A learner rank as a Ray actor (one process, placed by Ray: `trainer.learner_num_gpus` GPUs
+    and `trainer.learner_num_cpus` CPUs in the learners' placement group). A synchronous actor
+    runs its calls one at a time in the order the driver sent them."""
+
+    def __init__(self) -> None:
+        self.node: LearnerRank | None = None
+
+    @staticmethod
+    def address() -> tuple[str, int]:
+        """This node's IP and a free port on it: rank 0's are the group's rendezvous."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def start(self, rank: int, world: int, addr: str, port: int, model: Any, cfg: TrainerConfig,
+              temperature: float, reward_cfg: RewardConfig | None) -> None:
+        from agentrl.config import ModelConfig
+        from agentrl.models import resolve_configured
+
+        if isinstance(model, ModelConfig):  # resolved on the rank's own node, as the engines do
+            model = resolve_configured(model)
+        gpu = 0 if cfg.learner_num_gpus > 0 and torch.cuda.is_available() else None  # Ray's CUDA_VISIBLE_DEVICES
+        self.node = LearnerRank(rank, world, addr, port, model, cfg, temperature, reward_cfg,
+                                max(1, int(cfg.learner_num_cpus)), gpu)
+
+    def handle(self, cmd: str, arg: Any) -> tuple[Any, int, int]:
+        assert self.node is not None, "start() first"
+        return self.node.handle(cmd, arg)
+
+    def close(self) -> None:
+        LearnerRank.close()
+
+
+class _PipeRanks:
+    """The ranks as spawned processes on this machine, each behind a pipe."""
+
+    placement = "local"
+
+    def __init__(self, model: str | Path, cfg: TrainerConfig, world: int, temperature: float,
+                 reward_cfg: RewardConfig | None) -> None:
         ctx = mp.get_context("spawn")
         port = free_port()
-        threads = max(1, torch.get_num_threads() // num_learners)
-        self._conns, self._procs = [], []
-        for rank in range(num_learners):
+        threads = max(1, torch.get_num_threads() // world)
+        self.conns, self.procs = [], []
+        for rank in range(world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(rank, num_learners, port, child, str(model), cfg, temperature,
+            proc = ctx.Process(target=_worker, args=(rank, world, port, child, str(model), cfg, temperature,
                                                      reward_cfg, threads), daemon=True)
             proc.start()
             child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        atexit.register(self.close)  # no rank outlives the driver
+            self.conns.append(parent)
+            self.procs.append(proc)
         self._gather()  # every rank has loaded and sharded its model
 
     def _gather(self) -> list[Any]:
         replies = []
-        for rank, conn in enumerate(self._conns):
+        for rank, conn in enumerate(self.conns):
             try:
                 status, payload = conn.recv()
             except EOFError:
-                raise RuntimeError(f"learner rank {rank} exited (exit code {self._procs[rank].exitcode})") from None
+                raise RuntimeError(f"learner rank {rank} exited (exit code {self.procs[rank].exitcode})") from None
             if status == "error":
                 self.close()
                 raise RuntimeError(payload)
             replies.append(payload)
         return replies
 
-    def _call(self, cmd: str, arg: Any = None) -> Any:
-        for conn in self._conns:
+    def call(self, cmd: str, arg: Any) -> list[tuple[Any, int, int]]:
+        for conn in self.conns:
             conn.send((cmd, arg))
-        result, self.version, self.global_step = self._gather()[0]
+        return self._gather()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.procs)
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    conn.send(("close", None))
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        self.procs, self.conns = [], []
+
+
+class _RayRanks:
+    """The ranks as Ray actors in one placement group (PACK: on as few nodes as fit, all or none
+    placed, as verl and SkyRL place their FSDP workers); the group meets at rank 0's node."""
+
+    placement = "ray"
+
+    def __init__(self, model: Any, cfg: TrainerConfig, world: int, temperature: float,
+                 reward_cfg: RewardConfig | None, ready_timeout_s: float = 300.0) -> None:
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from agentrl.errors import UserError
+
+        bundle = {"CPU": cfg.learner_num_cpus, **({"GPU": cfg.learner_num_gpus} if cfg.learner_num_gpus else {})}
+
+        def no_fit(what: str) -> UserError:
+            return UserError(f"trainer.num_learners={world} learners of {bundle} each {what}",
+                             fix="lower trainer.num_learners or trainer.learner_num_gpus/learner_num_cpus, "
+                                 "or add nodes to the cluster")
+
+        total = ray.cluster_resources()
+        if any(world * need > total.get(name, 0) for name, need in bundle.items()):
+            raise no_fit(f"exceed the whole Ray cluster ({ {k: total.get(k, 0) for k in bundle} })")
+        self.actors: list[Any] = []
+        self.group = placement_group([bundle] * world, strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.group)
+            raise no_fit(f"found no room in the Ray cluster in {ready_timeout_s:.0f} s "
+                         f"(free now: {ray.available_resources()})") from None
+        self.actors = [
+            ray.remote(RayLearnerRank).options(
+                num_cpus=cfg.learner_num_cpus, num_gpus=cfg.learner_num_gpus, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
+            ).remote() for rank in range(world)]
+        addr, port = ray.get(self.actors[0].address.remote())
+        self._get([a.start.remote(rank, world, addr, port, model, cfg, temperature, reward_cfg)
+                   for rank, a in enumerate(self.actors)])
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        import ray
+
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayError as e:  # a rank raised or died: the group cannot go on
+            self.close()
+            raise RuntimeError(f"learner rank failed: {e}") from None
+
+    def call(self, cmd: str, arg: Any) -> list[tuple[Any, int, int]]:
+        import ray
+
+        ref = ray.put(arg)  # one copy in the object store for all ranks
+        return self._get([a.handle.remote(cmd, ref) for a in self.actors])
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.actors)
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if not self.actors or not ray.is_initialized():
+            self.actors = []
+            return
+        with contextlib.suppress(Exception):
+            ray.get([a.close.remote() for a in self.actors], timeout=30)
+        for actor in self.actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.group)
+        self.actors = []
+
+
+class DistributedLearner:
+    """Driver-side facade over `num_learners` ShardedLearner ranks: spawned processes on this
+    machine (loopback group), or with `ray=True` Ray actors placed on the cluster's nodes (a Ray
+    runtime must be up). Exposes the `Learner` methods the training loop and checkpoints call."""
+
+    def __init__(self, model: Any, cfg: TrainerConfig, num_learners: int, temperature: float = 1.0,
+                 reward_cfg: RewardConfig | None = None, ray: bool = False) -> None:
+        if isinstance(model, torch.nn.Module):
+            raise TypeError("DistributedLearner takes a model path (each rank loads its own copy)")
+        self.cfg, self.temperature, self.reward_cfg = cfg, temperature, reward_cfg
+        self.world = num_learners
+        self.version = 0
+        self.global_step = 0
+        self._ranks: _PipeRanks | _RayRanks | None = None
+        self._ranks = (_RayRanks if ray else _PipeRanks)(model, cfg, num_learners, temperature, reward_cfg)
+        self.placement = self._ranks.placement
+        atexit.register(self.close)  # no rank outlives the driver
+
+    def _call(self, cmd: str, arg: Any = None) -> Any:
+        if self._ranks is None or not self._ranks.alive:
+            raise RuntimeError("the learner ranks are closed")
+        result, self.version, self.global_step = self._ranks.call(cmd, arg)[0]
         return result
 
     def step(self, groups: list[Any]) -> dict[str, float]:
@@ -286,34 +456,30 @@ class DistributedLearner:
             while (row := self._call("sft_next")) is not None:
                 yield row
         finally:
-            if self._procs:  # not after a rank's error (close() already ran)
+            if self._ranks is not None and self._ranks.alive:  # not after a rank's error (it closed them)
                 self._call("sft_end")
 
     def shard_bytes(self) -> list[dict[str, int]]:
         """Per rank: bytes of its weight and optimizer shards."""
-        for conn in self._conns:
-            conn.send(("memory", None))
-        return [payload[0] for payload in self._gather()]
+        assert self._ranks is not None
+        return [payload[0] for payload in self._ranks.call("memory", None)]
 
     def close(self) -> None:
-        for conn, proc in zip(self._conns, self._procs):
-            if proc.is_alive():
-                with contextlib.suppress(BrokenPipeError, OSError):
-                    conn.send(("close", None))
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-        self._procs, self._conns = [], []
+        if self._ranks is not None:
+            self._ranks.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_procs", None):
-            self.close()
+        if getattr(self, "_ranks", None) is not None:
+            with contextlib.suppress(Exception):  # at interpreter exit imports fail; atexit closed them
+                self.close()
 
 
 def make_learner(model: str | Path, cfg: TrainerConfig, temperature: float = 1.0,
-                 reward_cfg: RewardConfig | None = None) -> Learner | DistributedLearner:
-    """The learner `trainer.num_learners` asks for: in-process for 1, else N sharded ranks."""
+                 reward_cfg: RewardConfig | None = None, ray_model: Any = None) -> Learner | DistributedLearner:
+    """The learner `trainer.num_learners` asks for: in-process for 1, else N sharded ranks —
+    spawned here, or with `ray_model` (the `ModelConfig` each rank resolves on its own node; a Ray
+    runtime is up) Ray actors placed on the cluster."""
     if cfg.num_learners > 1:
-        return DistributedLearner(model, cfg, cfg.num_learners, temperature, reward_cfg)
+        return DistributedLearner(model if ray_model is None else ray_model, cfg, cfg.num_learners, temperature,
+                                  reward_cfg, ray=ray_model is not None)
     return Learner(model, cfg, temperature=temperature, reward_cfg=reward_cfg)

@@ -32,7 +32,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.laminar.cluster import RemoteEngine, loop_runtime  # noqa: E402
+from agentrl.laminar.cluster import RemoteEngine, loop_runtime, ray_session  # noqa: E402
 from agentrl.laminar.loop import build_system, shutdown, train  # noqa: E402
 from agentrl.models import resolve_configured  # noqa: E402
 from agentrl.run import make_env  # noqa: E402
@@ -117,7 +117,8 @@ async def test_sigkill_of_a_rollout_worker_process_mid_step(tmp_path: Path, monk
     before = descendants({os.getpid()})  # this process's children that are not the run's
     seen_bwrap: dict[int, tuple[int, str]] = {}
     run_procs: dict[int, tuple[int, str]] = {}
-    async with loop_runtime(cfg, "chaos", lambda: make_env(cfg, None), make_env) as (runtime, env_factory, _pools):
+    async with ray_session(cfg) as ray_rt, loop_runtime(cfg, "chaos", lambda: make_env(cfg, None), make_env,
+                                                        ray_rt) as (runtime, env_factory, _pools):
         assert runtime is not None and runtime.kind == "ray" and runtime.started_ray
         system = await build_system(cfg, env_factory, tasks, engines, runtime)
         try:
@@ -132,8 +133,14 @@ async def test_sigkill_of_a_rollout_worker_process_mid_step(tmp_path: Path, monk
         finally:
             await shutdown(system)
         pools = [ray.get_actor(f"{ACTOR_PREFIX}-{node}") for node in runtime.nodes()]
-        pool_metrics = [await p.metrics.remote() for p in pools]
-        leases = sum(m["leases"] for m in pool_metrics)
+        # a dead process's leases come back at the pool's next reap (every second): allow a few
+        deadline = time.monotonic() + 10
+        while True:
+            pool_metrics = [await p.metrics.remote() for p in pools]
+            leases = sum(m["leases"] for m in pool_metrics)
+            if leases == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
         reclaimed = sum(m["reclaimed"] for m in pool_metrics)
     ran_s = time.monotonic() - t0
 

@@ -248,3 +248,52 @@ def test_checkpoints_move_between_one_and_two_learners(tmp_path):
         diff = max((w[k] - straight[k]).abs().max().item() for k in straight)
         print(f"resume {label}: max |Δparam| vs the uninterrupted single learner {diff:.3g}")
         assert diff <= 1e-5, label
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_placed_learner_ranks_equal_spawned_ones(tmp_path):
+    """`--ray`: make_learner places the N ranks as Ray actors in one placement group, each rank
+    resolving the model itself; the same step gives the spawned ranks' parameters. A learner that
+    cannot fit the cluster stops with one line naming the setting, before any rank starts."""
+    pytest.importorskip("ray")
+    from dataclasses import replace
+
+    from agentrl.config import ModelConfig
+    from agentrl.errors import UserError
+    from agentrl.laminar.runtime import RayRuntime
+
+    path = tmp_path / "tiny"
+    tiny_llama(0).save_pretrained(path)
+    groups = on_policy_groups(7)
+    cfg = config(path, "trainer.num_learners=2", "trainer.micro_batch_size=1").trainer
+    spawned = make_learner(path, cfg)
+    try:
+        assert spawned.placement == "local"
+        m_local = spawned.step(copy.deepcopy(groups))
+        local = spawned.state_dict_for_inference()
+    finally:
+        spawned.close()
+    runtime = RayRuntime(address="local", num_cpus=3)
+    try:
+        from ray.util import placement_group_table
+
+        placed = make_learner(path, cfg, ray_model=ModelConfig(name=str(path)))
+        try:
+            assert placed.placement == "ray"
+            group = placement_group_table(placed._ranks.group)
+            assert (group["state"], group["strategy"], len(group["bundles"])) == ("CREATED", "PACK", 2)
+            m_ray = placed.step(copy.deepcopy(groups))
+            on_ray = placed.state_dict_for_inference()
+            assert (placed.version, placed.global_step) == (1, 1)
+        finally:
+            placed.close()
+        with pytest.raises(UserError, match=r"learner_num_gpus.*|exceed the whole Ray cluster"):
+            make_learner(path, replace(cfg, learner_num_gpus=1.0), ray_model=ModelConfig(name=str(path)))
+    finally:
+        runtime.close()
+    assert set(on_ray) == set(local)
+    assert max((local[k] - tiny_llama(0).state_dict()[k]).abs().max().item() for k in local) > 1e-4
+    for k in local:
+        torch.testing.assert_close(on_ray[k], local[k], atol=1e-6, rtol=0, msg=k)
+    assert abs(m_ray["loss"] - m_local["loss"]) < 1e-6
