@@ -120,12 +120,14 @@ class Params:
                            "(2K + 16K) tokens per micro-batch and sequence-parallel rank")
     grad_reduce_bytes: int = _p(4, "verl FSDP mixed precision: reduce_dtype fp32 (gradient reduce-scatter)")
     step_overhead_s: float = _p(3e-3, "assumption: vLLM per-step scheduling + sampling CPU time")
-    eager_layer_s: float = _p(0.3e-3, "assumption: CPU time to launch one decoder layer's ~20 kernels in eager "
-                              "PyTorch (~15 µs each); verl v0.5 runs vLLM with enforce_eager=True (CUDA graphs "
-                              "became its default only after v0.5, verl PR #2956), so every system built on verl "
-                              "pays it per decode step -- the reason the paper's Fig. 4 finds more TP GPUs per "
-                              "rollout barely cut decode latency; AReaL's SGLang replays CUDA graphs up to "
-                              "`sglang_graph_max_bs` running requests")
+    eager_layer_s: float = _p(0.73e-3, "fitted: CPU time to launch one decoder layer's kernels in eager PyTorch, "
+                              "from Table 1's maximum trajectory latency (826 s: Laminar 32B on 128 GPUs without "
+                              "repack, 512 trajectories per TP-4 rollout, a 16K-token tail; 0.73 ms gives 821 s, the "
+                              "previous assumed 0.3 ms gave 563 s) -- about 50 us per launch of a layer's ~15 kernels. "
+                              "verl v0.5 runs vLLM with enforce_eager=True (CUDA graphs became its default only after "
+                              "v0.5, verl PR #2956), so every system built on verl pays it per decode step -- the "
+                              "reason the paper's Fig. 4 finds more TP GPUs per rollout barely cut decode latency; "
+                              "AReaL's SGLang replays CUDA graphs up to `sglang_graph_max_bs` running requests")
     allreduce_latency_s: float = _p(8e-6, "assumption: NVLink all-reduce latency per call (2 per layer)")
     engine_reload_s: float = _p(3.1, "fitted: vLLM/SGLang weight reload + cache reset per sync or pull (the same "
                                 "for every system), from Fig. 14's best-case rollout-wait reduction vs NCCL "
@@ -143,7 +145,9 @@ class Params:
                                   "GB); AReaL v0.3's SGLangConfig leaves cuda_graph_max_bs=None (the default) and "
                                   "disable_cuda_graph=False: its servers replay graphs up to 160 running requests and "
                                   "launch every kernel eagerly above (its rollouts hold up to 1024)")
-    rpc_s: float = _p(0.01, "assumption: Ray RPC round trips of one repack move (export, import, release)")
+    rpc_s: float = _p(0.36, "fitted: the fixed part of one repack move (export, RPCs, import, release) that the "
+                      "destination loses besides its re-prefill, from §8.4's measured 0.69 s per move (the model's "
+                      "re-prefill stall averages ~0.33 s there); was an assumed 0.01 s")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
     gpu_mem_util_colocated: float = _p(0.50, "verl default rollout.gpu_memory_utilization (colocated)")
@@ -1270,7 +1274,7 @@ def calibrate(p: Params, jobs: int = 1,
     rows.append(Row("repack: generation throughput gain", 1.26, w["gen_tokens_per_s"] / wo["gen_tokens_per_s"]))
     rows.append(Row("repack: KV utilisation with repack", 0.822, w["kv_util"]))
     rows.append(Row("repack: KV utilisation without repack", 0.716, wo["kv_util"]))
-    rows.append(Row("repack: overhead per move (s)", 0.69, w["repack_move_cost_s"]))
+    rows.append(Row("repack: overhead per move (s)", 0.69, w["repack_move_cost_s"], "fitted"))
     rows.append(Row("trajectory latency avg/max, no repack", 296 / 826,
                     wo["latency_avg_s"] / wo["latency_max_s"], "fitted"))
     rows.append(Row("trajectory latency max, repack / no repack", 828 / 826, w["latency_max_s"] / wo["latency_max_s"]))

@@ -232,7 +232,10 @@ def test_laminar_rollouts_pull_a_share_of_the_global_batch() -> None:
     assert small.refill_groups(small.replicas[0]) * p.group == 1024
     capped = sim.Laminar(replace(p, rollout_batch_share=False), "32B", 128)
     assert capped.refill_groups(capped.replicas[0]) * p.group == 1024
-    tiny = replace(TINY, prompts=32)
+    # with GPU-bound steps (a step grows with the batch; a launch-bound step costs the same for
+    # 16 trajectories as for 256) and a near-free repack move (the fitted 0.36 s per move is
+    # sized for 32B's minutes-long trajectories, not TINY's 10-second ones)
+    tiny = replace(TINY, prompts=32, eager_layer_s=0.0, rpc_s=0.01)
     share = sim.Laminar(tiny, "7B", 64).simulate()
     cap = sim.Laminar(replace(tiny, rollout_batch_share=False), "7B", 64).simulate()
     assert share["latency_avg_s"] < cap["latency_avg_s"]
@@ -271,3 +274,26 @@ def test_sglang_launches_eagerly_above_its_largest_cuda_graph() -> None:
     verl = sim.Replica("r", sim.OneStep(p, "72B", 128), 8, 0.9)  # vLLM under verl v0.5: eager at any size
     verl.add([sim.Seq(f"s{i}", "g", 8000, 0, 0.0) for i in range(100)])
     assert verl.step_time() == pytest.approx(steps[64])
+
+
+def test_eager_launch_cost_is_fitted_to_table_1_and_lengthens_the_tail() -> None:
+    """`eager_layer_s` is fitted to Table 1: Laminar 32B on 128 GPUs without repack (16 TP-4
+    rollouts of 512 trajectories) finishes its longest trajectory after 826 s. A costlier launch
+    can only lengthen that 16K-token tail, and a launch-bound step is the same at any TP."""
+    p = sim.Params()
+    out = sim.LaminarNoRepack(p, "32B", 128).simulate()
+    assert out["latency_max_s"] == pytest.approx(826, rel=0.05)
+    tail = {e: sim.LaminarNoRepack(replace(TINY, eager_layer_s=e), "7B", 16).simulate()["latency_max_s"]
+            for e in (0.3e-3, 1e-3)}
+    assert tail[1e-3] > tail[0.3e-3]
+
+
+def test_a_costlier_repack_move_costs_the_destination_more() -> None:
+    """`rpc_s` (fitted to the paper's 0.69 s per move, §8.4) is what a destination loses per move
+    besides its re-prefill: raising it raises the measured cost per move, and the default lands
+    on the paper's figure at Table 1's setting."""
+    cheap = sim.Laminar(replace(TINY, rpc_s=0.01), "7B", 64).simulate()
+    dear = sim.Laminar(replace(TINY, rpc_s=1.0), "7B", 64).simulate()
+    assert cheap["repack_moves"] > 0 and dear["repack_moves"] > 0
+    assert dear["repack_move_cost_s"] > cheap["repack_move_cost_s"] + 0.9
+    assert sim.Laminar(sim.Params(), "32B", 128).simulate()["repack_move_cost_s"] == pytest.approx(0.69, rel=0.1)
