@@ -39,7 +39,8 @@ source:
   the skewed lengths stop averaging out. AReaL: Megatron TP×PP with a 1F1B bubble, the
   distributed optimizer's DP traffic and the same per-step straggler.
 - Laminar's rollouts each pull their share of a global batch (512 trajectories per 32B replica
-  at 128 GPUs, as in the paper's Fig. 9), capped at 1024; AReaL keeps 1024 in flight.
+  at 128 GPUs, as in the paper's Fig. 9), but at least enough to fill their KV cache at the mean
+  trajectory length (§5.2's ramp-up and plateau), capped at 1024; AReaL keeps 1024 in flight.
 - weights: NCCL global sync = FSDP gather + a pipelined ring broadcast of each rollout shard
   (the App. D chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the
   master relay (the actor's only stall), the App. D chain broadcast between relays, a PCIe
@@ -65,6 +66,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -169,6 +171,12 @@ class Params:
                                    "`concurrency` trajectories. With 1024 per replica, 64 replicas (7B/256) would "
                                    "hold 8 global batches in flight and by Little's law a trajectory would wait ~8 "
                                    "iterations on average, against Fig. 10's staleness 'typically under 3'")
+    rollout_batch_fill_kv: bool = _p(True, "inferred from §5.2's KV life cycle (every rollout batch ramps up to C_max, "
+                                     "plateaus while waiting requests refill freed space, then falls): a Laminar rollout "
+                                     "pulls at least enough groups to fill its KV cache at the workload's mean "
+                                     "trajectory length, ceil(KV tokens / (prompt + mean response) / 16) groups, when its "
+                                     "share of a global batch is smaller (7B on 128-256 GPUs, 32B on 512, 72B on 512-1024; "
+                                     "never at Table 1's point, where the share, 512, already over-fills the KV)")
     repack_interval_s: float = _p(5.0, "paper §5.1: periodic check every 5 s")
     # -- the run --
     warmup: int = _p(3, "iterations before measuring (paper: 10 warm-up, then 5 measured)")
@@ -246,6 +254,15 @@ def placement(system: str, model: str, gpus: int) -> tuple[int, int]:
     tp = MODELS[model].rollout_tp
     roll = max(tp, round(roll * gpus / total / tp) * tp)
     return gpus - roll, roll
+
+
+def mean_response(p: Params) -> float:
+    """Mean response length of the workload: a lognormal (median `len_median`, σ `len_sigma`)
+    capped at `max_response`."""
+    mu, s, c = math.log(p.len_median), p.len_sigma, p.max_response
+    z = (math.log(c) - mu) / s
+    phi = NormalDist().cdf
+    return math.exp(mu + s * s / 2) * phi(z - s) + c * (1 - phi(z))
 
 
 def step_loads(tokens: float, steps: int, units: int, lengths: list[float] | None = None) -> list[float]:
@@ -987,12 +1004,17 @@ class Laminar(Continuous):
             self.clock.at(self.p.repack_interval_s, self.periodic_repack)
 
     def refill_groups(self, r: Replica) -> int:
-        """A batch per pull: the replica's share of a global batch (`rollout_batch_share`), capped
-        at `concurrency`; the paper's cap alone when the share is off."""
-        cap = self.p.concurrency // self.p.group
-        if not self.p.rollout_batch_share:
-            return cap - r.held // self.p.group
-        return min(cap, -(-self.p.prompts // len(self.replicas))) - r.held // self.p.group
+        """A batch per pull: the replica's share of a global batch (`rollout_batch_share`), but at
+        least enough to fill its KV cache (`rollout_batch_fill_kv`, §5.2's ramp-up and plateau),
+        capped at `concurrency`; the paper's cap alone when the share is off."""
+        p = self.p
+        cap = p.concurrency // p.group
+        if not p.rollout_batch_share:
+            return cap - r.held // p.group
+        want = -(-p.prompts // len(self.replicas))
+        if p.rollout_batch_fill_kv:
+            want = max(want, math.ceil(r.cap / (p.prompt_tokens + mean_response(p)) / p.group))
+        return min(cap, want) - r.held // p.group
 
     def take_batch(self, r: Replica) -> None:
         r.c_peak = 0.0

@@ -235,7 +235,8 @@ def test_laminar_rollouts_pull_a_share_of_the_global_batch() -> None:
     # with GPU-bound steps (a step grows with the batch; a launch-bound step costs the same for
     # 16 trajectories as for 256) and a near-free repack move (the fitted 0.36 s per move is
     # sized for 32B's minutes-long trajectories, not TINY's 10-second ones)
-    tiny = replace(TINY, prompts=32, eager_layer_s=0.0, rpc_s=0.01)
+    # (TINY's KV holds more than the whole cap, so the share alone: no KV fill)
+    tiny = replace(TINY, prompts=32, eager_layer_s=0.0, rpc_s=0.01, rollout_batch_fill_kv=False)
     share = sim.Laminar(tiny, "7B", 64).simulate()
     cap = sim.Laminar(replace(tiny, rollout_batch_share=False), "7B", 64).simulate()
     assert share["latency_avg_s"] < cap["latency_avg_s"]
@@ -297,3 +298,24 @@ def test_a_costlier_repack_move_costs_the_destination_more() -> None:
     assert cheap["repack_moves"] > 0 and dear["repack_moves"] > 0
     assert dear["repack_move_cost_s"] > cheap["repack_move_cost_s"] + 0.9
     assert sim.Laminar(sim.Params(), "32B", 128).simulate()["repack_move_cost_s"] == pytest.approx(0.69, rel=0.1)
+
+
+def test_a_rollout_batch_fills_the_kv_cache_when_its_share_would_not() -> None:
+    """§5.2: a rollout's KV use ramps up to C_max and plateaus while waiting requests refill it,
+    so a batch at least fills the KV at the mean trajectory length. More KV per replica means a
+    bigger batch; Table 1's point (32B, 128 GPUs) keeps its share of 512, which already
+    over-fills the KV; switched off, the share alone applies."""
+    p = sim.Params()
+    mean = sim.mean_response(p)
+    assert 0.9 * p.len_median * 1.6 < mean < p.len_median * 1.7  # e^{σ²/2} ≈ 1.63, less the 16K cap
+    assert sim.mean_response(replace(p, max_response=4096)) < mean
+    lam = sim.Laminar(p, "7B", 256)  # 64 replicas: share 128 trajectories
+    r = lam.replicas[0]
+    batch = lam.refill_groups(r) * p.group
+    assert batch > 128 and batch * (p.prompt_tokens + mean) >= r.cap
+    more_kv = sim.Laminar(replace(p, gpu_mem_util_disagg=0.95), "7B", 256)
+    assert more_kv.refill_groups(more_kv.replicas[0]) >= lam.refill_groups(r)
+    share = sim.Laminar(replace(p, rollout_batch_fill_kv=False), "7B", 256)
+    assert share.refill_groups(share.replicas[0]) * p.group == 128
+    t1 = sim.Laminar(p, "32B", 128)
+    assert t1.refill_groups(t1.replicas[0]) * p.group == 512
