@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 SandboxFactory = Callable[[], "Sandbox | Awaitable[Sandbox]"]
 WINDOW = 10_000  # latency samples kept per metric
+RETURN_GRACE_S = 30.0  # how long close() waits for sandboxes being given back to finish their reset
 
 
 def percentile(samples: list[float] | deque[float], q: float) -> float:
@@ -105,6 +106,7 @@ class SandboxPool:
         self.health_interval_s = health_interval_s
         self._idle: deque[Sandbox] = deque()
         self._leased: dict[int, Sandbox] = {}  # id(Lease) -> sandbox
+        self._returning = 0  # sandboxes given back and being reset (neither leased nor idle)
         self._waiters: deque[asyncio.Future[Sandbox]] = deque()
         self._starting = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -158,6 +160,12 @@ class SandboxPool:
         self._idle.clear()
         self._leased.clear()
         await asyncio.gather(*(self._close_quietly(sb) for sb in doomed))
+        # A sandbox given back during close is mid-reset: its `put` closes it when the reset ends.
+        # Wait for that, so a caller that ends the process next (a Ray pool actor is killed right
+        # after close) does not leave it running.
+        deadline = time.monotonic() + RETURN_GRACE_S
+        while self._returning and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -219,13 +227,20 @@ class SandboxPool:
         if sandbox is None or lease._sandbox is None:
             raise SandboxError(f"{lease!r} is not on loan from pool {self.name!r}")
         lease._sandbox = None
+        self._returning += 1
         try:
-            await sandbox.reset()  # a reset that works is health check enough (a dead container fails it)
-            healthy = True
-        except Exception as e:
-            log.warning("pool %s: reset of %r failed (%r); replacing it", self.name, sandbox, e)
-            self._stats["failures"] += 1
-            healthy = False
+            try:
+                await sandbox.reset()  # a reset that works is health check enough (a dead container fails it)
+                healthy = True
+            except Exception as e:
+                log.warning("pool %s: reset of %r failed (%r); replacing it", self.name, sandbox, e)
+                self._stats["failures"] += 1
+                healthy = False
+            if self._closed:  # the pool closed during the reset: nobody will take this one again
+                await self._close_quietly(sandbox)
+                return
+        finally:
+            self._returning -= 1
         if healthy:
             self._offer(sandbox)
         else:

@@ -86,6 +86,39 @@ async def test_waiters_fail_cleanly_when_pool_closes() -> None:
         await waiter
 
 
+async def test_a_sandbox_given_back_while_the_pool_closes_is_closed_before_close_returns() -> None:
+    """A lease returned just before close() is still resetting when the pool closes; close() must
+    not return before that sandbox is closed (a Ray pool actor is killed right after close(), and
+    a Docker container left mid-reset then outlived the run). Logic only: a sandbox whose reset
+    is slow; the real Docker path is tests/test_cli_cluster.py's two-worker run."""
+
+    class SlowReset:
+        def __init__(self) -> None:
+            self.closed = False
+
+        async def reset(self) -> None:
+            await asyncio.sleep(0.3)
+
+        async def close(self) -> None:
+            self.closed = True
+
+    made: list[SlowReset] = []
+
+    def factory() -> SlowReset:
+        made.append(SlowReset())
+        return made[-1]
+
+    pool = SandboxPool(factory, size=1, health_interval_s=None)
+    await pool.start()
+    lease = await pool.get()
+    giving_back = asyncio.create_task(pool.put(lease))
+    await asyncio.sleep(0.05)  # the put is inside the reset now
+    await pool.close()
+    assert made[0].closed, "close() returned with a sandbox mid-reset still open"
+    await giving_back
+    assert len(made) == 1 and pool.metrics()["idle"] == 0
+
+
 async def test_broken_local_sandbox_is_replaced() -> None:
     pool = make_pool(config("local"), size=1, health_interval_s=None)
     await pool.start()
