@@ -27,17 +27,18 @@ from typing import Any
 
 
 @functools.cache
-def _malloc_trim() -> object | None:
+def _libc(function: str) -> Any:
+    """A glibc function (`malloc_trim`, `mallopt`), or None where the C library lacks it (musl, macOS)."""
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return getattr(ctypes.CDLL(name), function) if name else None
+    except (OSError, AttributeError):
         return None
 
 
 def trim_heap() -> bool:
     """Return the allocator's free memory to the OS; False where the C library cannot."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim")
     if trim is None:
         return False
     trim(0)
@@ -50,25 +51,16 @@ LEARNER_MMAP_THRESHOLD = 128 << 10  # glibc's initial value: every tensor of a s
 DYNAMIC_MMAP_THRESHOLD_MAX = 32 << 20  # where glibc's sliding threshold ends up after large frees (64-bit)
 
 
-@functools.cache
-def _mallopt() -> Any:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):
-        return None
-
-
 @contextlib.contextmanager
 def mapped_tensors(threshold: int = LEARNER_MMAP_THRESHOLD) -> Iterator[None]:
     """Inside the block every allocation of `threshold` bytes or more is its own mmap, unmapped
     when freed. A learner step allocates and frees activations and gradients of a few MB each;
     with glibc's sliding threshold (up to 32 MiB once a large chunk was freed) they land in the
-    heap, fragment it, and the step's peak RSS carries ~1 GB of freed slack (the default swe
-    run: 5.4 GB with, 4.1 GB with the threshold fixed — docs/benchmarks.md). Not for the
-    engines: a decode step's fresh mappings fault their pages in each time (an evaluation took
-    1.6x as long with the threshold fixed for the whole run). After the block the threshold
-    stays fixed where glibc's own would have slid to."""
+    heap and fragment it (the default swe run's warm start peaked at 5.31 GB without this block,
+    4.42 GB with it — docs/benchmarks.md, Memory). Not for the engines: a decode step's fresh
+    mappings fault their pages in each time (an evaluation took 1.6x as long with the threshold
+    fixed for the whole run). After the block the threshold stays fixed where glibc's own would
+    have slid to."""
     if not set_mmap_threshold(threshold):  # not glibc: nothing to tune
         yield
         return
@@ -81,7 +73,7 @@ def mapped_tensors(threshold: int = LEARNER_MMAP_THRESHOLD) -> Iterator[None]:
 def set_mmap_threshold(threshold: int) -> bool:
     """Fix glibc's mmap threshold for the whole process (a learner rank's process only learns);
     False where the C library has no mallopt."""
-    mallopt = _mallopt()
+    mallopt = _libc("mallopt")
     return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, threshold))
 
 

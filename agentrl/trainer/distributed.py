@@ -149,9 +149,9 @@ class ShardedLearner(Learner):
         self.version, self.global_step = int(state["version"]), int(state["global_step"])
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -253,10 +253,7 @@ class RayLearnerRank:
         """This node's IP and a free port on it: rank 0's are the group's rendezvous."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port(host="")
 
     def start(self, rank: int, world: int, addr: str, port: int, model: Any, cfg: TrainerConfig,
               temperature: float, reward_cfg: RewardConfig | None) -> None:
@@ -369,7 +366,7 @@ class _RayRanks:
                 num_cpus=cfg.learner_num_cpus, num_gpus=cfg.learner_num_gpus, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
             ).remote() for rank in range(world)]
-        addr, port = ray.get(self.actors[0].address.remote())
+        [(addr, port)] = self._get([self.actors[0].address.remote()])  # a failure here also frees the group
         self._get([a.start.remote(rank, world, addr, port, model, cfg, temperature, reward_cfg)
                    for rank, a in enumerate(self.actors)])
 
@@ -422,7 +419,7 @@ class DistributedLearner:
         self.world = num_learners
         self.version = 0
         self.global_step = 0
-        self._ranks: _PipeRanks | _RayRanks | None = None
+        self._ranks: _PipeRanks | _RayRanks | None = None  # stays None for __del__ if starting them fails
         self._ranks = (_RayRanks if ray else _PipeRanks)(model, cfg, num_learners, temperature, reward_cfg)
         self.placement = self._ranks.placement
         atexit.register(self.close)  # no rank outlives the driver
