@@ -120,7 +120,7 @@ def phase_timeline(samples: list[tuple[float, int]], marks: list[dict[str, Any]]
     polled = samples
     # Each mark carries the run's RSS when it was written: a phase shorter than the poll interval
     # (a push of a small model takes ~0.1 s) still gets a sample. The run's own RSS is at most the
-    # process tree's, so a mark never raises a peak the poller did not see.
+    # process tree's, so a mark never reports more than the tree held.
     samples = sorted([*samples, *((m["t"], m["rss"]) for m in marks if m.get("rss") and m["t"] >= t_start)])
 
     def at(t: float) -> int:  # index of the mark in force at time t (-1: before the first)

@@ -40,7 +40,7 @@ def test_mapped_tensors_give_freed_step_memory_back_without_a_trim() -> None:
     In a fresh interpreter: free chunks an earlier test left in the heap would be reused first."""
     script = """
 import psutil, torch
-from agentrl.heap import mapped_tensors, trim_heap
+from agentrl.heap import mapped_tensors
 proc = psutil.Process()
 big = [torch.ones(8_000_000) for _ in range(2)]  # slides glibc's threshold up, as a loaded model does
 del big
