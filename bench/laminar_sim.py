@@ -45,7 +45,9 @@ source:
   (the App. D chain model in 4 MiB NCCL chunks) + the engine reload; Laminar = a push to the
   master relay (the actor's only stall), the App. D chain broadcast between relays, a PCIe
   load from the local relay; AReaL v0.3 = through storage (save, flush every server,
-  update_weights_from_disk), costed with the paper's §4.1 storage profile.
+  update_weights_from_disk, where every TP rank of a server reads the whole checkpoint), costed
+  with the paper's §4.1 storage profile. A pause grows with the model, not with the cluster, so
+  it caps AReaL's update rate at scale (with the re-prefill that follows each update).
 
 Every system runs on the paper's placements (Table 2) and workload (8192 trajectories = 512
 prompts × 16, 16K-token output cap, response lengths lognormal with p99/p50 = 10, Fig. 2).
@@ -139,6 +141,12 @@ class Params:
     storage_transfer_s: float = _p(15.0, "paper §4.1: TCP transfer of it to/from the storage system adds 10-20 s "
                                    "(midpoint); AReaL v0.3 syncs weights this way (realhf GserverManager: "
                                    "update_weights_from_disk)")
+    sglang_rank_reads_checkpoint: bool = _p(True, "SGLang's update_weights_from_disk runs the model loader on every TP rank, "
+                                            "and the loader iterates over every checkpoint file (realhf's HF save writes "
+                                            "pytorch_model-*.bin shards, each torch.load-ed whole) before narrowing to the "
+                                            "rank's slice: each rank of a TP-4 (32B) or TP-8 (72B) server reads the whole "
+                                            "model from storage, not 1/TP of it, at the §4.1 rate (paper §4.1 also names "
+                                            "the contention of many rollouts pulling from storage at once)")
     sglang_mixed_chunk: bool = _p(False, "SGLang ServerArgs default enable_mixed_chunk=False: a prefill batch pauses "
                                   "decoding (AReaL's rollouts, incl. the re-prefill after every partial-rollout "
                                   "interruption); vLLM V1 (0.9, every other system) mixes chunked prefill into "
@@ -947,9 +955,11 @@ class AReaL(Continuous):
 
     def load_s(self) -> float:
         """Every SGLang server is flushed and calls update_weights_from_disk: each TP rank reads
-        its shard back from storage, then the engine reloads."""
+        the checkpoint back from storage -- all of it (`sglang_rank_reads_checkpoint`: the loader
+        walks every file and keeps its slice), the ranks in parallel -- then the engine reloads."""
         p, m = self.p, self.model
-        return m.weight_bytes / self.tp() / p.storage_shard_bytes * p.storage_transfer_s + p.engine_reload_s
+        per_rank = m.weight_bytes if p.sglang_rank_reads_checkpoint else m.weight_bytes / self.tp()
+        return per_rank / p.storage_shard_bytes * p.storage_transfer_s + p.engine_reload_s
 
     def _trained(self, tokens: int) -> None:
         """The trainer stalls while it saves; once the new version is on storage the manager

@@ -319,3 +319,21 @@ def test_a_rollout_batch_fills_the_kv_cache_when_its_share_would_not() -> None:
     assert share.refill_groups(share.replicas[0]) * p.group == 128
     t1 = sim.Laminar(p, "32B", 128)
     assert t1.refill_groups(t1.replicas[0]) * p.group == 512
+
+
+def test_every_sglang_rank_reads_the_whole_checkpoint_and_it_caps_areal_at_scale() -> None:
+    """update_weights_from_disk runs the loader on every TP rank over every checkpoint file: a
+    TP-8 server's reload takes as long as reading the whole model, not 1/8 of it (TP 1: no
+    change), and at 72B on 1024 GPUs -- short iterations, a pause per update -- AReaL's
+    throughput falls, while its smallest 72B point (trainer-bound) barely moves."""
+    p = sim.Params()
+    per_shard = replace(p, sglang_rank_reads_checkpoint=False)
+    a72, b72 = sim.AReaL(p, "72B", 1024), sim.AReaL(per_shard, "72B", 1024)
+    reload = p.engine_reload_s
+    assert a72.load_s() - reload == pytest.approx(8 * (b72.load_s() - reload))
+    assert sim.AReaL(p, "7B", 256).load_s() == pytest.approx(sim.AReaL(per_shard, "7B", 256).load_s())
+    assert sim.AReaL(p, "32B", 512).load_s() > sim.AReaL(per_shard, "32B", 512).load_s()
+    short = replace(p, warmup=1, iterations=2)
+    big = sim.AReaL(short, "72B", 1024).simulate()["tokens_per_s"]
+    big_shard = sim.AReaL(replace(short, sglang_rank_reads_checkpoint=False), "72B", 1024).simulate()["tokens_per_s"]
+    assert big < 0.8 * big_shard
