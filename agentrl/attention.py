@@ -40,12 +40,17 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     bias, a CUDA device) goes to transformers' own function."""
     groups = getattr(module, "num_key_value_groups", 1)
     if (groups == 1 or query.device.type != "cpu" or kwargs.get("cache") is not None
-            or kwargs.get("position_bias") is not None or attention_mask is None):
+            or kwargs.get("position_bias") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    # A one-token query attends to every cached key; transformers drops the mask when no row is
+    # padded (a batch of one, rows of equal length), and that case must not reach the slow kernel.
     if query.shape[2] == 1 and dropout == 0.0 and (low := _low_precision(query)) is not None:
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
         return grouped_decode_attention(q, k, v, attention_mask, scaling), None
+    if attention_mask is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
     # With a mask, transformers' rule makes every call non-causal: the mask carries causality.
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
                                                            dropout_p=dropout, scale=scaling, is_causal=False,
@@ -62,9 +67,10 @@ def _low_precision(query: torch.Tensor) -> torch.dtype | None:
 
 
 def grouped_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             attention_mask: torch.Tensor, scaling: float | None) -> torch.Tensor:
+                             attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
     """Attention of one query per row over grouped key/value heads: query [B, Hq, 1, D], key and
-    value [B, Hkv, T, D], a boolean (True = attend) or additive mask broadcastable to [B, 1, 1, T].
+    value [B, Hkv, T, D], a boolean (True = attend) or additive mask broadcastable to [B, 1, 1, T],
+    or None (every key attended).
     The Hq / Hkv query heads of a group are the rows of one matmul against their shared keys;
     scores and softmax in fp32, the weighted sum in the input dtype. Returns [B, 1, Hq, D]."""
     batch, heads, _, dim = query.shape
@@ -75,11 +81,12 @@ def grouped_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     # 2000 keys) but reads a strided left-hand one in place
     scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).float()
     scores *= scaling if scaling is not None else dim ** -0.5
-    mask = attention_mask.reshape(attention_mask.shape[0], 1, 1, length)
-    if mask.dtype == torch.bool:
-        scores.masked_fill_(~mask, float("-inf"))
-    else:
-        scores += mask
+    if attention_mask is not None:
+        mask = attention_mask.reshape(attention_mask.shape[0], 1, 1, length)
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores += mask
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     return torch.matmul(weights, value).reshape(batch, 1, heads, dim)
 
