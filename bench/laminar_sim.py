@@ -109,8 +109,12 @@ class Params:
     nccl_start_s: float = _p(20e-6, "assumption: NCCL per-chunk ring step latency ~20 µs")
     # -- efficiency of the engines (engineering figures, the same for every system) --
     hbm_util: float = _p(0.80, "assumption: achievable fraction of HBM bandwidth reading weights (GEMV)")
-    attn_util: float = _p(0.50, "assumption: achievable fraction of HBM bandwidth in paged attention "
-                          "over long contexts (KV reads)")
+    attn_util: float = _p(0.80, "assumption: achievable fraction of HBM bandwidth in paged attention over long "
+                          "contexts (KV reads), the same as the weight GEMV's `hbm_util`. Chosen with paper §2.4/§5.2 "
+                          "in view: Fig. 4's one-step decode latency of Qwen2.5-7B/32B on H800 'remains stable' as the "
+                          "batch grows to the KV-cache limit; with the 0.50 assumed before, a KV-full 7B TP-1 step was "
+                          "1.8x a near-empty (launch-bound) one, with 0.80 it is 1.3x (the KV bytes alone need 17 ms "
+                          "at the HBM peak, so it cannot be flat)")
     mfu_decode: float = _p(0.50, "assumption: decode GEMM efficiency at large batch")
     mfu_prefill: float = _p(0.50, "assumption: prefill MFU (vLLM chunked prefill)")
     mfu_train: float = _p(0.40, "assumption: bf16 training MFU of the compute itself (FSDP or Megatron); "

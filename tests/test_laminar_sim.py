@@ -337,3 +337,28 @@ def test_every_sglang_rank_reads_the_whole_checkpoint_and_it_caps_areal_at_scale
     big = sim.AReaL(short, "72B", 1024).simulate()["tokens_per_s"]
     big_shard = sim.AReaL(replace(short, sglang_rank_reads_checkpoint=False), "72B", 1024).simulate()["tokens_per_s"]
     assert big < 0.8 * big_shard
+
+
+def _kv_full_step(p, model: str, gpus: int, tp: int):  # type: ignore[no-untyped-def]
+    r = sim.Replica("r", sim.Laminar(p, model, gpus), tp, p.gpu_mem_util_disagg)
+    empty = r.step_time()
+    seqs = [sim.Seq(f"s{i}", "g", 16000, 0, 0.0) for i in range(1024)]
+    for s in seqs:
+        s.done = 8000  # resumed mid-trajectory: admitted with its context until the KV is full
+    r.add(seqs)
+    assert r.kv() > 0.9 * r.cap
+    return r.step_time(), empty
+
+
+def test_decode_step_stays_near_flat_up_to_the_kv_limit() -> None:
+    """Paper §2.4/§5.2, Fig. 4: a rollout's one-step decode latency 'remains stable' as the batch
+    grows to the KV-cache limit. With KV reads at the weight GEMV's HBM fraction a KV-full 7B TP-1
+    step is at most 1.3x a near-empty (launch-bound) one and a 32B TP-4 step no longer than it; a
+    slower attention kernel (a smaller `attn_util`) only lengthens the KV-full step."""
+    p = sim.Params()
+    full7, empty7 = _kv_full_step(p, "7B", 64, 1)
+    assert full7 <= 1.3 * empty7
+    full32, empty32 = _kv_full_step(p, "32B", 128, 4)
+    assert full32 == pytest.approx(empty32)
+    slow7, _ = _kv_full_step(replace(p, attn_util=0.5 * p.attn_util), "7B", 64, 1)
+    assert slow7 > full7
