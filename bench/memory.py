@@ -8,7 +8,8 @@ learner alone in several precisions.
 
 Run mode polls the RSS of the whole process tree (psutil, every 0.2 s) and prints one JSON line
 with `peak_rss_gb` and `breakdown_gb`. The breakdown is computed from the model's parameter
-count (weights, gradients, two Adam moments, weight copies for the engines); `other_gb`
+count (weights, gradients, two Adam moments in fp32 or 8 bits as `trainer.optimizer` says, weight
+copies for the engines); `other_gb`
 (activations, engine KV cache, interpreter, sandboxes) is the remainder.
 
 Phase timeline (agentrl runs): the run writes a line to $AGENTRL_PHASE_LOG whenever it enters a
@@ -180,8 +181,12 @@ def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | No
     rec.update(phase_timeline(samples, marks, timeline_path))
     n = param_count("smollm2-135m")
     w = n * 4 / GB  # fp32
+    from agentrl.config import load_config
+
+    # two fp32 moments, or (adamw8bit) two 8-bit codes plus an fp32 scale per 256 of each
+    moments = 2 * w if load_config(env, overrides=overrides).trainer.optimizer == "adamw" else 2 * w * (1 + 4 / 256) / 4
     # Learner weights + grads + 2 Adam moments; one engine model; one copy in flight for the push.
-    parts = {"learner_weights": w, "gradients": w, "optimizer": 2 * w, "engine_weights": w, "push_copy": w}
+    parts = {"learner_weights": w, "gradients": w, "optimizer": moments, "engine_weights": w, "push_copy": w}
     return {"mode": "run", "env": env, "overrides": overrides, **rec,
             "breakdown_gb": {**{k: round(v, 3) for k, v in parts.items()},
                              "other_gb": round(rec["peak_rss_gb"] - sum(parts.values()), 3)},

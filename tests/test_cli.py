@@ -45,6 +45,7 @@ def test_bad_value_exits_2_with_the_key_named() -> None:
     (["train", "--env", "code", "trainer.nosuch=1"], "unknown config key 'trainer.nosuch'"),
     (["train"], "--env is required"),
     (["train", "--resume", "/nonexistent-run"], "no config.yaml"),
+    (["train", "--env", "swe", "trainer.num_learners=2"], "set trainer.optimizer=adamw with trainer.num_learners > 1"),
 ])
 def test_bad_input_stops_before_work(args: list[str], message: str, tmp_path: Path) -> None:
     out = run(*args, f"run.dir={tmp_path}") if args[-1] != "train" and "--resume" not in args else run(*args)

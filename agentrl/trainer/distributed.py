@@ -35,7 +35,7 @@ from torch import Tensor
 from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
 from agentrl.trainer.batch import TrainBatch
-from agentrl.trainer.learner import Learner
+from agentrl.trainer.learner import Learner, make_optimizer
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 
 
@@ -79,7 +79,7 @@ class ShardedLearner(Learner):
         fully_shard(self.policy)
         # The optimizer must hold the sharded (DTensor) parameters, so it is built again.
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(params, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.scheduler.lr_lambdas[0])
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 

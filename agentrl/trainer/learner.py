@@ -20,8 +20,9 @@ Trajectories with status error/aborted are dropped (no reward to trust); overlon
 their group's statistics with loss mask 0 (SUPO §4.2).
 
 Memory: activation checkpointing per decoder layer (`trainer.activation_checkpointing`), an
-optional bf16 autocast forward (`trainer.dtype`; fp32 master weights, Adam state and LM head),
-and weight views for the push (`state_dict_views`) instead of a second copy.
+optional bf16 autocast forward (`trainer.dtype`; fp32 master weights and LM head), Adam moments in
+fp32 or 8 bits (`trainer.optimizer`), and weight views for the push (`state_dict_views`) instead of
+a second copy.
 """
 
 from __future__ import annotations
@@ -126,13 +127,36 @@ def has_dropout(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
+def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig) -> torch.optim.Optimizer:
+    """`trainer.optimizer`: torch's AdamW (fp32 moments), or bitsandbytes' AdamW8bit, whose moments
+    are stored as 8-bit codes with an fp32 scale per block of 256 (Dettmers et al., 2022), about a
+    quarter of the bytes, with the same update rule. Runs on CPU and CUDA tensors.
+
+    torch's AdamW is its fused kernel where every parameter is a plain CPU or CUDA tensor: one pass
+    per tensor instead of a dozen, 2.1 s against 7.4-9.5 s for the 135M model's step on this 2-core
+    CPU (docs/benchmarks.md, Memory); FSDP2's sharded (DTensor) parameters keep the default."""
+    if cfg.optimizer == "adamw8bit":
+        import logging
+
+        # bitsandbytes' CPU backend warns at import that an optional 4-bit GEMM kernel package is
+        # missing; 4-bit GEMMs are not used here
+        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+    fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                             fused=fused or None)
+
+
 def warmup_constant(warmup_steps: int):
     """LR multiplier: linear warm-up over `warmup_steps` optimizer steps, then constant."""
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 class Learner:
-    """Policy model (HF causal LM, fp32) + AdamW + warm-up/constant LR schedule."""
+    """Policy model (HF causal LM, fp32) + AdamW (fp32 or 8-bit moments) + warm-up/constant LR schedule."""
 
     def __init__(self, model: str | Path | torch.nn.Module, cfg: TrainerConfig, temperature: float = 1.0,
                  reward_cfg: RewardConfig | None = None, device: str = "cpu") -> None:
@@ -154,7 +178,7 @@ class Learner:
         # A frozen copy of the initial policy, only when the k3 KL penalty needs it (§8.1).
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(params, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_constant(cfg.warmup_steps))
         self.generator = torch.Generator().manual_seed(cfg.seed)  # mini-batch shuffling
         self.rank, self.world = 0, 1  # data-parallel position; distributed.shard_learner sets them

@@ -313,3 +313,73 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatc
     assert learner.dtype == expected
     with learner._autocast():
         assert torch.is_autocast_enabled("cpu") == (expected == "bfloat16")
+
+
+def test_adamw_is_torchs_fused_kernel_on_plain_parameters():
+    learner = Learner(tiny_llama(), TrainerConfig())
+    assert isinstance(learner.optimizer, torch.optim.AdamW) and learner.optimizer.defaults["fused"] is True
+
+
+def test_adamw8bit_keeps_8bit_moments_follows_adamw_and_resumes_exactly():
+    """trainer.optimizer=adamw8bit (bitsandbytes): uint8 moments for every large tensor, an update
+    that tracks AdamW's, and a state dict that resumes to the same next step, bit for bit."""
+    torch.manual_seed(0)
+    big = torch.nn.Linear(256, 256)  # 65 536 weights: over bitsandbytes' 4 096-element 8-bit floor
+    model = torch.nn.Sequential(big)
+    cfg = TrainerConfig(lr=1e-3, optimizer="adamw8bit")
+    from agentrl.trainer.learner import make_optimizer
+
+    def run(optimizer_name: str, steps: int, state: dict | None = None) -> tuple[torch.nn.Module, object]:
+        m = copy.deepcopy(model)
+        opt = make_optimizer(list(m.parameters()), TrainerConfig(lr=1e-3, optimizer=optimizer_name))
+        if state is not None:
+            m.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+        for step in range(steps):
+            g = torch.Generator().manual_seed(step + (100 if state is not None else 0))
+            for p in m.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        return m, opt
+
+    eight, opt8 = run("adamw8bit", 5)
+    full, _ = run("adamw", 5)
+    moments = opt8.state[next(eight.parameters())]
+    assert moments["state1"].dtype == torch.uint8 and moments["state2"].dtype == torch.uint8
+    moved = (params(full) - params(model)).abs().mean()
+    assert moved > 1e-3  # the comparison below is not vacuous
+    assert (params(eight) - params(full)).abs().mean() < 0.05 * moved  # 8-bit moments, the same rule
+    # save after 5 steps, load into a fresh optimizer, 2 more == the same 2 more straight on
+    saved = {"model": copy.deepcopy(eight.state_dict()), "optimizer": copy.deepcopy(opt8.state_dict())}
+    on = copy.deepcopy(eight)
+    on.load_state_dict(saved["model"])
+    resumed, _ = run("adamw8bit", 2, saved)
+    straight_opt = make_optimizer(list(on.parameters()), cfg)
+    straight_opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    for step in range(2):
+        g = torch.Generator().manual_seed(step + 100)
+        for p in on.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+        straight_opt.step()
+    assert torch.equal(params(resumed), params(on))
+    assert not torch.equal(params(resumed), params(eight))
+
+
+def test_adamw8bit_learner_steps_and_its_warm_start_clears_the_moments():
+    from agentrl.sft import sft_steps
+
+    cfg = load_config(overrides=["trainer.dtype=float32", "trainer.optimizer=adamw8bit"]).trainer
+    learner = Learner(tiny_llama(), cfg)
+    assert type(learner.optimizer).__module__.startswith("bitsandbytes")
+    groups = random_groups(2, 4, VOCAB, seed=1)
+    set_behaviour_logprobs(tiny_llama(), groups)
+    before = params(learner.model)
+    m = learner.step(groups)
+    assert learner.version == 1 and math.isfinite(m["loss"]) and (params(learner.model) - before).abs().max() > 0
+    assert learner.optimizer.state  # moments exist after a step
+    from agentrl.sft import sft_batch
+
+    batch = sft_batch([t for g in groups for t in g.trajectories])
+    rows = list(sft_steps(learner, batch, cfg.warm_start))
+    assert rows and all(math.isfinite(r["loss"]) for r in rows)
+    assert not learner.optimizer.state  # cleared for RL, as with AdamW

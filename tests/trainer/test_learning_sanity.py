@@ -69,13 +69,15 @@ async def train_and_check(learner, engine, label: str) -> list[float]:
     return curve
 
 
-async def test_grpo_learns_verifiable_word_on_embedded_model():
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])  # fp32 moments, and swe's 8-bit ones
+async def test_grpo_learns_verifiable_word_on_embedded_model(optimizer: str):
     from agentrl.inference.hf import HFEngine
     from agentrl.models import resolve_model
     from agentrl.trainer.learner import Learner
 
     path = resolve_model("smollm2-135m")
     engine = HFEngine(path, max_batch_size=GROUP * len(PROMPTS), seed=0)
-    cfg = TrainerConfig(lr=float(os.environ.get("SANITY_LR", 2e-5)), minibatches=1, micro_batch_size=16)
+    cfg = TrainerConfig(lr=float(os.environ.get("SANITY_LR", 2e-5)), minibatches=1, micro_batch_size=16,
+                        optimizer=optimizer)
     learner = Learner(path, cfg, temperature=TEMPERATURE)
-    await train_and_check(learner, engine, "curve")
+    await train_and_check(learner, engine, f"curve ({optimizer})")
