@@ -151,6 +151,10 @@ class Params:
                                             "rank's slice: each rank of a TP-4 (32B) or TP-8 (72B) server reads the whole "
                                             "model from storage, not 1/TP of it, at the §4.1 rate (paper §4.1 also names "
                                             "the contention of many rollouts pulling from storage at once)")
+    gserver_poll_s: float = _p(5.0, "realhf GserverManager._poll (AReaL v0.3): looks for a new version, updates every "
+                               "server with it synchronously (pause_generation, update_weights_from_disk, "
+                               "continue_generation, all servers gathered), then time.sleep(5): a version saved during a "
+                               "reload waits for that reload to finish and the next poll")
     sglang_mixed_chunk: bool = _p(False, "SGLang ServerArgs default enable_mixed_chunk=False: a prefill batch pauses "
                                   "decoding (AReaL's rollouts, incl. the re-prefill after every partial-rollout "
                                   "interruption); vLLM V1 (0.9, every other system) mixes chunked prefill into "
@@ -942,13 +946,47 @@ class AReaL(Continuous):
         return total
 
     def start(self) -> None:
+        self.loaded_version = 0
+        self.reload_starts: list[float] = []
         for r in self.replicas:
             self.give(r, 0)
+        self.clock.at(self.p.gserver_poll_s, self.poll)
 
     def on_finished(self, s: Seq, r: Replica) -> None:
         if not r.busy:
             self.give(r, r.version)
         self.maybe_train()
+
+    def poll(self) -> None:
+        """realhf's GserverManager loop: look for a newer version on storage; if there is one,
+        update every server with it (a global sync) and only then sleep `gserver_poll_s`. The
+        update runs inside the poll, so a version saved during a reload waits for it to end."""
+        if self.version > self.loaded_version:
+            self.reload(self.version)
+        else:
+            self.clock.at(self.clock.now + self.p.gserver_poll_s, self.poll)
+
+    def reload(self, version: int) -> None:
+        """Pause every server; running sequences lose their KV (partial rollout: they are
+        re-prefilled through admission when the server resumes); load the newest version."""
+        load = self.load_s()
+        self.waits.append(load)
+        self.reload_starts.append(self.clock.now)
+        for r in self.replicas:
+            r.set_busy(True)
+            r.drop_kv()
+
+        def loaded() -> None:
+            self.loaded_version = version
+            for r in self.replicas:
+                r.version = max(r.version, version)
+                for s in list(r.running) + list(r.waiting):
+                    s.versions.add(r.version)
+                r.set_busy(False)
+                self.give(r, r.version)
+            self.clock.at(self.clock.now + self.p.gserver_poll_s, self.poll)
+
+        self.clock.at(self.clock.now + load, loaded)
 
     def save_s(self) -> float:
         """AReaL v0.3 (realhf) publishes weights through storage: each Megatron TP×PP rank
@@ -967,32 +1005,13 @@ class AReaL(Continuous):
 
     def _trained(self, tokens: int) -> None:
         """The trainer stalls while it saves; once the new version is on storage the manager
-        flushes every server (a global sync point), which then loads it; running sequences
-        lose their KV (partial rollout) and are re-prefilled when the server resumes."""
-        save, load = self.save_s(), self.load_s()
+        picks it up at its next poll (`poll`)."""
+        save = self.save_s()
         self.trainer_stall += save
-        self.waits.append(load)
 
         def saved() -> None:
             self.trainer_busy = False
             self.publish(tokens)
-            version = self.version
-            self.pause_epoch = getattr(self, "pause_epoch", 0) + 1
-            epoch = self.pause_epoch
-            for r in self.replicas:
-                r.set_busy(True)
-                r.drop_kv()  # resumes re-prefill through admission once the replica is unpaused
-
-            def loaded() -> None:
-                for r in self.replicas:
-                    r.version = max(r.version, version)
-                    for s in list(r.running) + list(r.waiting):
-                        s.versions.add(r.version)
-                    if epoch == self.pause_epoch:
-                        r.set_busy(False)
-                        self.give(r, r.version)
-
-            self.clock.at(self.clock.now + load, loaded)
             self.maybe_train()
 
         self.clock.at(self.clock.now + save, saved)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -362,3 +363,29 @@ def test_decode_step_stays_near_flat_up_to_the_kv_limit() -> None:
     assert full32 == pytest.approx(empty32)
     slow7, _ = _kv_full_step(replace(p, attn_util=0.5 * p.attn_util), "7B", 64, 1)
     assert slow7 > full7
+
+
+def test_areal_manager_finishes_a_reload_before_it_starts_the_next() -> None:
+    """realhf's GserverManager updates every server inside its poll, synchronously, then sleeps
+    `gserver_poll_s`: a version saved during a reload waits for it, and the next reload takes
+    the newest version (versions in between are skipped); the rollouts generate between
+    reloads. Before, every save restarted the pause at once."""
+    p = replace(TINY, storage_transfer_s=10 * TINY.storage_transfer_s)
+    a = sim.AReaL(p, "7B", 16)
+    r0 = a.replicas[0]
+    pauses: list[float] = []
+    real = r0.set_busy
+
+    def set_busy(busy: bool) -> None:
+        if busy:
+            pauses.append(a.clock.now)
+        real(busy)
+
+    r0.set_busy = set_busy  # type: ignore[method-assign]
+    out = a.simulate()
+    load = a.load_s()
+    assert len(pauses) >= 2
+    gaps = [b - x for x, b in itertools.pairwise(pauses)]
+    assert min(gaps) >= load + p.gserver_poll_s - 1e-6
+    assert a.version > len(pauses)  # some versions were never loaded
+    assert out["tokens_per_s"] > 0
