@@ -38,17 +38,14 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     """transformers' sdpa attention (same arguments, same causal rule) with grouped key/value heads
     passed to torch unrepeated; anything else (one head per group, a paged cache, a position
     bias, a CUDA device) goes to transformers' own function."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    if (groups == 1 or query.device.type != "cpu" or kwargs.get("cache") is not None
-            or kwargs.get("position_bias") is not None):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    grouped = (getattr(module, "num_key_value_groups", 1) > 1 and query.device.type == "cpu"
+               and kwargs.get("cache") is None and kwargs.get("position_bias") is None)
     # A one-token query attends to every cached key; transformers drops the mask when no row is
     # padded (a batch of one, rows of equal length), and that case must not reach the slow kernel.
-    if query.shape[2] == 1 and dropout == 0.0 and (low := _low_precision(query)) is not None:
+    if grouped and query.shape[2] == 1 and dropout == 0.0 and (low := _low_precision(query)) is not None:
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
         return grouped_decode_attention(q, k, v, attention_mask, scaling), None
-    if attention_mask is None:
+    if not grouped or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     # With a mask, transformers' rule makes every call non-causal: the mask carries causality.

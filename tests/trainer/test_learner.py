@@ -326,43 +326,37 @@ def test_adamw8bit_keeps_8bit_moments_follows_adamw_and_resumes_exactly():
     torch.manual_seed(0)
     big = torch.nn.Linear(256, 256)  # 65 536 weights: over bitsandbytes' 4 096-element 8-bit floor
     model = torch.nn.Sequential(big)
-    cfg = TrainerConfig(lr=1e-3, optimizer="adamw8bit")
     from agentrl.trainer.learner import make_optimizer
 
-    def run(optimizer_name: str, steps: int, state: dict | None = None) -> tuple[torch.nn.Module, object]:
-        m = copy.deepcopy(model)
-        opt = make_optimizer(list(m.parameters()), TrainerConfig(lr=1e-3, optimizer=optimizer_name))
-        if state is not None:
-            m.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+    def train(m: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int = 0) -> None:
         for step in range(steps):
-            g = torch.Generator().manual_seed(step + (100 if state is not None else 0))
+            g = torch.Generator().manual_seed(seed + step)
             for p in m.parameters():
                 p.grad = torch.randn(p.shape, generator=g)
             opt.step()
-        return m, opt
 
-    eight, opt8 = run("adamw8bit", 5)
-    full, _ = run("adamw", 5)
+    def fresh(optimizer_name: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        m = copy.deepcopy(model)
+        return m, make_optimizer(list(m.parameters()), TrainerConfig(lr=1e-3, optimizer=optimizer_name))
+
+    eight, opt8 = fresh("adamw8bit")
+    full, opt32 = fresh("adamw")
+    train(eight, opt8, 5)
+    train(full, opt32, 5)
     moments = opt8.state[next(eight.parameters())]
     assert moments["state1"].dtype == torch.uint8 and moments["state2"].dtype == torch.uint8
     moved = (params(full) - params(model)).abs().mean()
     assert moved > 1e-3  # the comparison below is not vacuous
     assert (params(eight) - params(full)).abs().mean() < 0.05 * moved  # 8-bit moments, the same rule
-    # save after 5 steps, load into a fresh optimizer, 2 more == the same 2 more straight on
-    saved = {"model": copy.deepcopy(eight.state_dict()), "optimizer": copy.deepcopy(opt8.state_dict())}
-    on = copy.deepcopy(eight)
-    on.load_state_dict(saved["model"])
-    resumed, _ = run("adamw8bit", 2, saved)
-    straight_opt = make_optimizer(list(on.parameters()), cfg)
-    straight_opt.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    for step in range(2):
-        g = torch.Generator().manual_seed(step + 100)
-        for p in on.parameters():
-            p.grad = torch.randn(p.shape, generator=g)
-        straight_opt.step()
-    assert torch.equal(params(resumed), params(on))
-    assert not torch.equal(params(resumed), params(eight))
+    # save after 5 steps, load into a fresh model and optimizer: 2 more steps == 2 more straight on
+    after_five = params(eight)
+    resumed, opt_resumed = fresh("adamw8bit")
+    resumed.load_state_dict(copy.deepcopy(eight.state_dict()))
+    opt_resumed.load_state_dict(copy.deepcopy(opt8.state_dict()))
+    train(resumed, opt_resumed, 2, seed=100)
+    train(eight, opt8, 2, seed=100)
+    assert torch.equal(params(resumed), params(eight))
+    assert not torch.equal(params(resumed), after_five)
 
 
 def test_adamw8bit_learner_steps_and_its_warm_start_clears_the_moments():
