@@ -96,8 +96,8 @@ async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noi
 
 async def test_an_unpadded_bf16_decode_step_takes_the_grouped_attention(prompts, monkeypatch):
     """A request alone in the batch has no padding, so transformers passes no mask; its decode
-    steps must still take the grouped attention, not torch's one-token bf16 kernel (10-30x slower
-    on CPU: a 10-row step at 400 tokens took 0.20 s that way against 0.10 s)."""
+    steps must still take the grouped attention, not torch's one-token bf16 CPU kernel (a 10-row
+    step at 400 cached tokens took 0.196 s that way against 0.090 s, docs/benchmarks.md)."""
     one_token_kernel_calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 
