@@ -757,6 +757,7 @@ class System:
                 "trainer_stall_s": self.trainer_stall / max(1, len(self.iter_end)),
                 "rollout_wait_s": sum(self.waits) / len(self.waits) if self.waits else 0.0,
                 "rollout_wait_min_s": min(self.waits) if self.waits else 0.0,
+                "rollout_wait_max_s": max(self.waits) if self.waits else 0.0, "rollout_wait_count": len(self.waits),
                 "train_gpus": self.train_gpus, "rollout_gpus": self.roll_gpus, "replicas": len(self.replicas),
                 "evicted_groups": self.buffer.counts["groups_evicted_stale"],
                 "measured_from_s": t0, **{k: v for k, v in self.counters.items()}}
@@ -1094,6 +1095,8 @@ class Laminar(Continuous):
         r.busy = True
         wait = arrive - self.clock.now + self.pull_s()
         self.waits.append(wait)
+        if arrive > self.clock.now:  # the paper's slower case: the broadcast is still in flight
+            self.counters["pulls_waited_for_broadcast"] += 1
 
         def loaded() -> None:
             self.pulling.discard(r)
@@ -1114,7 +1117,7 @@ class Laminar(Continuous):
             self.relay_at.append((self.clock.now + self.broadcast_s(), self.version))
             self.clock.at(self.relay_at[-1][0], self.wake_idle)
             if self.opts.repack:
-                self.repack()
+                self.repack(after_update=True)
             self.maybe_train()
 
         self.clock.at(self.clock.now + stall, pushed)
@@ -1131,8 +1134,10 @@ class Laminar(Continuous):
         if not self.done():
             self.clock.at(self.clock.now + self.p.repack_interval_s, self.periodic_repack)
 
-    def repack(self) -> None:
-        """agentrl's manager code: loads grouped by version -> Algorithm 1 -> move everything."""
+    def repack(self, after_update: bool = False) -> None:
+        """agentrl's manager code: loads grouped by version -> Algorithm 1 -> move everything.
+        `after_update`: §5.1's second trigger (right after a weight update), counted apart from
+        the periodic check: its sources pull while the new version is still on its way."""
         by_id = {r.id: r for r in self.replicas}
         loads = [r.load() for r in self.replicas if r not in self.pulling]
         b = roofline_batch(self.p, self.model)
@@ -1149,6 +1154,8 @@ class Laminar(Continuous):
                 self.trajs_per_move.append(len(moved))
                 self.repacked.update(x.id for x in moved)
                 self.counters["repack_moves"] += 1
+                if after_update:
+                    self.counters["repack_moves_after_update"] += 1
                 self.on_empty(s)
 
     def simulate(self) -> dict[str, Any]:
