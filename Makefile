@@ -7,7 +7,7 @@ ENV ?= swe
 ARGS ?=
 VENV ?= .venv
 
-.PHONY: setup train test bench lint
+.PHONY: setup train test test-gpu bench lint
 
 setup:
 	@scripts/system_deps.sh
@@ -18,6 +18,11 @@ train: setup
 
 test:
 	@AGENTRL_VENV=$(VENV) scripts/test.sh $(ARGS)
+
+# The CUDA paths CI cannot run (tests_gpu/, docs/cluster.md §5): on a machine with a GPU
+test-gpu:
+	@AGENTRL_VENV=$(VENV) scripts/setup.sh --test
+	$(VENV)/bin/python -m pytest -q -ra tests_gpu $(ARGS)
 
 bench: setup
 	@AGENTRL_VENV=$(VENV) scripts/setup.sh --test

@@ -56,6 +56,7 @@ class EngineConfig:
     # hf: the forward's precision (autocast; the linear weights kept in it). auto: the trainer's
     # (trainer.dtype resolved), so the engine samples in the precision the trainer scores in
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # hf: where it generates; auto = a GPU when torch sees one
 
 
 @dataclass
@@ -182,6 +183,9 @@ class TrainerConfig:
     num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU, NCCL on GPUs)
     learner_num_gpus: float = 0.0  # on Ray (--ray): each learner rank's GPUs (1: NCCL), placed by Ray
     learner_num_cpus: float = 1.0  # on Ray: each learner rank's CPUs (its torch threads)
+    # Where a local learner runs: auto = a GPU when torch sees one (one per rank with num_learners > 1,
+    # NCCL), else the CPU (gloo). On Ray, learner_num_gpus decides.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
     # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
     # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (models.autocast_dtype)
@@ -438,9 +442,11 @@ def load_config(env: str | None = None, config_file: str | Path | None = None,
     return cfg
 
 
-def _cuda_devices() -> int:
-    """GPUs torch sees, without importing torch when nothing else has."""
+def _cuda_devices(load: bool = False) -> int:
+    """GPUs torch sees, without importing torch when nothing else has (unless `load`)."""
     torch = sys.modules.get("torch")
+    if torch is None and load:
+        import torch
     return torch.cuda.device_count() if torch is not None else 0
 
 
@@ -476,6 +482,12 @@ def validate(cfg: Config) -> None:
          or _cuda_devices() >= cfg.trainer.num_learners,
          f"trainer.num_learners={cfg.trainer.num_learners} exceeds the devices here ({os.cpu_count()} CPU cores, "
          f"{_cuda_devices()} GPUs); lower it"),
+        (cfg.trainer.device != "cuda" or cfg.laminar.ray_address is not None
+         or _cuda_devices(load=True) >= cfg.trainer.num_learners,
+         f"trainer.device=cuda needs a GPU per learner (trainer.num_learners={cfg.trainer.num_learners}) but torch "
+         f"sees {_cuda_devices()} here; set trainer.device=auto or cpu"),
+        (cfg.engine.device != "cuda" or cfg.engine.kind != "hf" or _cuda_devices(load=True) >= 1,
+         "engine.device=cuda but torch sees no GPU here; set engine.device=auto or cpu"),
         (cfg.trainer.learner_num_gpus >= 0 and cfg.trainer.learner_num_cpus > 0,
          "trainer.learner_num_gpus must be >= 0 and trainer.learner_num_cpus > 0"),
         (cfg.trainer.num_learners == 1 or cfg.trainer.optimizer == "adamw",

@@ -201,6 +201,17 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return allowed[dtype]
 
 
+def resolve_device(requested: str, gpus_needed: int = 1) -> str:
+    """A device setting (`trainer.device`, `engine.device`) resolved: "auto" is "cuda" where torch
+    sees `gpus_needed` GPUs (one per learner rank), else "cpu"; "cpu" and "cuda" stand
+    (config.validate refuses "cuda" without enough GPUs)."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= gpus_needed else "cpu"
+    return requested
+
+
 def autocast_dtype(requested: str, device: str) -> str:
     """A forward precision (`trainer.dtype`, `engine.dtype`) resolved for `device`. "auto" is
     bfloat16 where the hardware multiplies bf16 natively — a CUDA GPU that supports it, a CPU with

@@ -404,7 +404,9 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
             if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
                 summary["sandbox_pools"] = await pool_metrics(node_pools)
         summary["learners"] = {"num_learners": cfg.trainer.num_learners,
-                               "placement": getattr(learner, "placement", "in-process")}
+                               "placement": getattr(learner, "placement", "in-process"),
+                               "device": str(learner.device)}
+        summary["engine_device"] = str(getattr(engines[0], "device", cfg.engine.kind))
         status.stage = "done"
         mark_phase("done")
         summary.update(await stages.finish(cfg.trainer.steps))

@@ -46,6 +46,8 @@ def test_bad_value_exits_2_with_the_key_named() -> None:
     (["train"], "--env is required"),
     (["train", "--resume", "/nonexistent-run"], "no config.yaml"),
     (["train", "--env", "swe", "trainer.num_learners=2"], "set trainer.optimizer=adamw with trainer.num_learners > 1"),
+    (["train", "--env", "code", "trainer.device=cuda"], "trainer.device=cuda needs a GPU per learner"),
+    (["train", "--env", "code", "engine.device=cuda"], "engine.device=cuda but torch sees no GPU here"),
 ])
 def test_bad_input_stops_before_work(args: list[str], message: str, tmp_path: Path) -> None:
     out = run(*args, f"run.dir={tmp_path}") if args[-1] != "train" and "--resume" not in args else run(*args)

@@ -54,7 +54,7 @@ def test_train_ray_sharded_learners(tmp_path: Path) -> None:
     before = _pids("raylet") | _pids("gcs_server")
     run_dir = _train(tmp_path, "ray-learners", "trainer.num_learners=2", options=("--ray", "local"))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["learners"] == {"num_learners": 2, "placement": "ray"}
+    assert summary["learners"] == {"num_learners": 2, "placement": "ray", "device": "cpu"}
     rows = metrics(run_dir)  # a step that trained moved the ranks' weights to version 1 and pushed them
     assert rows[-1]["version"] == trained(rows) and list((run_dir / "checkpoints").glob("step_*.pt"))
     assert not (_pids("raylet") | _pids("gcs_server")) - before, "the run's local Ray cluster outlived it"

@@ -22,7 +22,7 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
 def make_engine(cfg: Config) -> InferenceEngine:
     """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
-    from agentrl.models import autocast_dtype, resolve_configured
+    from agentrl.models import autocast_dtype, resolve_configured, resolve_device
 
     kind = cfg.engine.kind
     path = resolve_configured(cfg.model)  # openai too: the rollout tokenizes with a local copy
@@ -36,11 +36,12 @@ def make_engine(cfg: Config) -> InferenceEngine:
     if kind == "hf":
         from agentrl.inference.hf import HFEngine
 
-        return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size,
+        device = resolve_device(cfg.engine.device)
+        return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size, device=device,
                         seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len,
                         prefix_cache_mb=cfg.engine.prefix_cache_mb,
                         autocast=autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype,
-                                                "cpu"))
+                                                device))
     if kind == "vllm":
         from agentrl.inference.vllm import VLLMEngine
 

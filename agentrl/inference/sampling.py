@@ -38,6 +38,8 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool],
     """Draw one token per row from processed log-probs `logp` (B, V) with that row's generator
     (so a seeded request is reproducible whatever else shares its batch); greedy rows take the
     argmax. Returns the tokens and their log-probs under `logp`."""
+    if logp.device.type != "cpu":
+        logp = logp.cpu()  # the rows' generators are CPU ones, seeded per request (one B x V copy a step)
     tokens: list[int] = []
     for row, is_greedy, gen in zip(logp, greedy, generators):
         if is_greedy:

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
+from agentrl.models import resolve_device
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.learner import Learner, make_optimizer
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -226,8 +227,7 @@ class LearnerRank:
 def _worker(rank: int, world: int, port: int, conn: Any, model: Any, cfg: TrainerConfig, temperature: float,
             reward_cfg: RewardConfig | None, threads: int) -> None:
     """A spawned learner rank: answer the driver's commands until "close"."""
-    # one GPU per rank where this machine has one for each, else gloo on the CPU
-    gpu = rank if torch.cuda.is_available() and torch.cuda.device_count() >= world else None
+    gpu = rank if resolve_device(cfg.device, gpus_needed=world) == "cuda" else None  # NCCL, else gloo
     try:
         node = LearnerRank(rank, world, "127.0.0.1", port, model, cfg, temperature, reward_cfg, threads, gpu)
         conn.send(("ok", None))
@@ -422,6 +422,9 @@ class DistributedLearner:
         self._ranks: _PipeRanks | _RayRanks | None = None  # stays None for __del__ if starting them fails
         self._ranks = (_RayRanks if ray else _PipeRanks)(model, cfg, num_learners, temperature, reward_cfg)
         self.placement = self._ranks.placement
+        # each rank's device: Ray places GPUs by trainer.learner_num_gpus, a local run by trainer.device
+        self.device = (("cuda" if cfg.learner_num_gpus > 0 else "cpu") if ray
+                       else resolve_device(cfg.device, gpus_needed=num_learners))
         atexit.register(self.close)  # no rank outlives the driver
 
     def _call(self, cmd: str, arg: Any = None) -> Any:
@@ -479,4 +482,4 @@ def make_learner(model: str | Path, cfg: TrainerConfig, temperature: float = 1.0
     if cfg.num_learners > 1:
         return DistributedLearner(model if ray_model is None else ray_model, cfg, cfg.num_learners, temperature,
                                   reward_cfg, ray=ray_model is not None)
-    return Learner(model, cfg, temperature=temperature, reward_cfg=reward_cfg)
+    return Learner(model, cfg, temperature=temperature, reward_cfg=reward_cfg, device=resolve_device(cfg.device))

@@ -1,0 +1,182 @@
+"""The CUDA paths CI cannot run (`make test-gpu`, docs/cluster.md): the learner on a GPU, the
+sharded learner's NCCL group, the hf engine on a GPU, and `agentrl train` putting both there by
+itself (`trainer.device` / `engine.device` = auto). CI has no GPU, so `make test` does not collect
+this folder; here a missing GPU fails every test instead of skipping it.
+
+The model is the embedded model's architecture cut to two decoder layers with random weights (its
+real tokenizer and chat template): the checks are about where and how the numbers are computed,
+not about what the model knows, and the folder is small enough to build in a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.config import Config, TrainerConfig, load_config
+from agentrl.inference import make_engine
+from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.trainer.distributed import DistributedLearner, make_learner
+from agentrl.trainer.learner import Learner
+from tests.trainer.helpers import random_groups
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+@pytest.fixture(autouse=True)
+def _needs_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.fail("tests_gpu needs a CUDA GPU (torch.cuda.is_available() is False); run `make test` here instead",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model's config with two layers and random weights, saved as an HF folder with
+    the real tokenizer (from $AGENTRL_TOKENIZER_DIR, else the embedded model's folder)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = os.environ.get("AGENTRL_TOKENIZER_DIR")
+    if source is None:
+        from agentrl.models import resolve_model
+
+        source = str(resolve_model("smollm2-135m"))
+    out = tmp_path_factory.mktemp("tiny-smollm2")
+    config = AutoConfig.from_pretrained(source)
+    config.num_hidden_layers = 2
+    config.initializer_range = 0.1  # peaked next-token distributions, so that precision shows in log-probs
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).float().save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).exists():
+            shutil.copy(Path(source) / name, out / name)
+    return out
+
+
+def _max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    pb = dict(b.named_parameters())
+    return max((p.detach().float().cpu() - pb[n].detach().float().cpu()).abs().max().item()
+               for n, p in a.named_parameters())
+
+
+def _trainer_cfg(**overrides: object) -> TrainerConfig:
+    cfg = TrainerConfig(lr=1e-4, micro_batch_size=2, activation_checkpointing=True, dtype="float32",
+                        decoupled=False, tis_cap=None)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def test_auto_puts_the_learner_on_the_gpu(model_dir: Path) -> None:
+    learner = make_learner(model_dir, _trainer_cfg())
+    assert isinstance(learner, Learner) and learner.device == "cuda"
+    assert next(learner.model.parameters()).is_cuda
+    assert make_learner(model_dir, _trainer_cfg(device="cpu")).device == "cpu"
+
+
+def test_gpu_learner_step_matches_the_cpu_one(model_dir: Path) -> None:
+    """One fp32 step on the GPU computes the CPU's loss and update (TF32 off: torch's default for
+    matmuls). Adam's first step moves each weight by about ±lr whatever the gradient's size, so a
+    gradient that rounds to the other sign moves it 2·lr the other way: the bound is 2.5·lr."""
+    cfg = _trainer_cfg()
+    groups = random_groups(2, 2, vocab=49152, max_resp=12)
+    gpu, cpu = Learner(model_dir, cfg, device="cuda"), Learner(model_dir, cfg, device="cpu")
+    m_gpu, m_cpu = gpu.step(groups), cpu.step(groups)
+    assert m_gpu["loss"] == pytest.approx(m_cpu["loss"], rel=1e-4, abs=1e-6)
+    assert _max_param_diff(gpu.model, cpu.model) <= 2.5 * cfg.lr
+    moved = _max_param_diff(gpu.model, Learner(model_dir, cfg, device="cpu").model)
+    assert moved > 0.5 * cfg.lr  # the step did train
+
+
+def test_bf16_learner_on_the_gpu_trains(model_dir: Path) -> None:
+    learner = Learner(model_dir, _trainer_cfg(dtype="auto"), device="cuda")
+    assert learner.dtype == "bfloat16"  # an H100 multiplies bf16 natively
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    metrics = learner.step(random_groups(2, 2, vocab=49152, max_resp=12))
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert all(p.dtype == torch.float32 for p in learner.model.parameters())  # fp32 master weights
+    assert any((p.detach() - before[n]).abs().max() > 0 for n, p in learner.model.named_parameters())
+
+
+def test_sharded_learner_over_nccl_matches_the_in_process_one(model_dir: Path) -> None:
+    """`DistributedLearner` on a GPU: its rank joins an NCCL group and FSDP2-shards on cuda:0; one
+    step equals the in-process GPU learner's, and the weights it gathers for the engines are the
+    updated ones. (One GPU here: NCCL refuses two ranks on one device, so this is world size 1.)"""
+    cfg = _trainer_cfg()
+    groups = random_groups(2, 2, vocab=49152, max_resp=12)
+    sharded = DistributedLearner(str(model_dir), cfg, num_learners=1)
+    try:
+        assert sharded.device == "cuda"
+        m_sharded = sharded.step(groups)
+        weights = sharded.state_dict_for_inference()
+        state = sharded.training_state()
+    finally:
+        sharded.close()
+    single = Learner(model_dir, cfg, device="cuda")
+    m_single = single.step(groups)
+    assert m_sharded["loss"] == pytest.approx(m_single["loss"], rel=1e-5, abs=1e-7)
+    expected = dict(single.weight_items())
+    assert set(weights) == set(expected)
+    assert max((weights[k] - expected[k]).abs().max().item() for k in expected) <= 1e-5
+    assert state["global_step"] == 1 and state["optimizer"]["state"]  # Adam moments came back
+
+
+def _engine_cfg(model_dir: Path, *overrides: str) -> Config:
+    return load_config(None, None, [f"model.name={model_dir}", "engine.prefix_cache_mb=64", *overrides])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_engine_logprobs_agree_with_the_gpu_learner(model_dir: Path, dtype: str) -> None:
+    """make_engine puts the hf engine on the GPU by itself; the log-probs it samples with agree
+    with the learner's recompute on the same GPU and precision (engine.dtype follows trainer.dtype)."""
+    cfg = _engine_cfg(model_dir, f"trainer.dtype={dtype}")
+    engine = make_engine(cfg)
+    assert engine.device.type == "cuda"
+    prompt = engine.tokenizer.encode("Name a country in Europe.")
+
+    async def sample() -> list[GenerateOutput]:
+        try:
+            return await asyncio.gather(*(engine.generate(list(prompt), SamplingParams(max_tokens=48, seed=seed))
+                                          for seed in range(4)))
+        finally:
+            await engine.close()
+
+    outputs = asyncio.run(sample())
+    learner = Learner(model_dir, _trainer_cfg(dtype=dtype), device="cuda")
+    worst, total, count = 0.0, 0.0, 0
+    for out in outputs:
+        ids = torch.tensor([list(prompt) + out.token_ids])
+        with learner._autocast(), torch.no_grad():
+            logits = learner.model(input_ids=ids.cuda()).logits.float()
+        ref = torch.log_softmax(logits[0, len(prompt) - 1:-1], -1)
+        ref = ref.gather(-1, torch.tensor(out.token_ids, device="cuda")[:, None])[:, 0].cpu()
+        diff = (ref - torch.tensor(out.logprobs)).abs()
+        worst, total, count = max(worst, diff.max().item()), total + diff.sum().item(), count + diff.numel()
+    print(f"\n{dtype}: engine vs learner log-probs on cuda over {count} sampled tokens: max |diff| {worst:.2e}, "
+          f"mean {total / count:.2e}")
+    assert count > 4 * 8  # decode steps were compared, not only each prompt's prefill
+    # fp32: the real-model CPU tests' bound; bf16: rounding noise of incremental vs full forwards
+    assert worst <= (1e-4 if dtype == "float32" else 0.25) and total / count <= (1e-5 if dtype == "float32" else 0.05)
+
+
+def test_agentrl_train_uses_the_gpu(model_dir: Path, tmp_path: Path) -> None:
+    """The user's door: `agentrl train` with no device setting puts the learner and the hf engine
+    on the GPU, runs the warm start and an RL step there, and says so in summary.json."""
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "search", f"model.name={model_dir}",
+         f"run.dir={tmp_path}", "trainer.steps=1", "trainer.batch_groups=1", "rollout.group_size=2",
+         "rollout.concurrency=2", "sampling.max_tokens=24", "eval.enabled=false",
+         "trainer.warm_start.tasks=2", "trainer.warm_start.epochs=1", "trainer.dynamic_sampling=false",
+         "trainer.checkpoint_every=1"],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert summary["learners"]["device"] == "cuda"
+    assert summary["engine_device"].startswith("cuda")
