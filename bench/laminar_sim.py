@@ -1161,6 +1161,8 @@ class Laminar(Continuous):
     def simulate(self) -> dict[str, Any]:
         out = super().simulate()
         out["repack_move_cost_s"] = sum(self.move_costs) / len(self.move_costs) if self.move_costs else 0.0
+        for k in ("repack_moves", "repack_moves_after_update", "pulls_waited_for_broadcast"):
+            out.setdefault(k, 0)  # counters are absent until they count
         out["relay_broadcast_s"] = self.broadcast_s()
         out["relays"] = self.relays()
         return out

@@ -419,3 +419,10 @@ def test_sources_released_right_after_an_update_wait_for_the_broadcast() -> None
     assert out["repack_moves"] == out["repack_moves_after_update"] > 0
     assert out["pulls_waited_for_broadcast"] > 0
     assert out["rollout_wait_s"] > out["rollout_wait_min_s"]
+
+
+def test_laminar_reports_its_wait_counters_even_when_zero() -> None:
+    out = sim.run_system("laminar-no-repack", TINY, "7B", 16)
+    assert out["repack_moves"] == out["repack_moves_after_update"] == 0
+    assert out["pulls_waited_for_broadcast"] >= 0
+    assert out["rollout_wait_count"] >= 1 and out["rollout_wait_max_s"] >= out["rollout_wait_min_s"]
