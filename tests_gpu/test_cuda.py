@@ -116,6 +116,7 @@ def test_sharded_learner_over_nccl_matches_the_in_process_one(model_dir: Path) -
         assert sharded.device == "cuda"
         m_sharded = sharded.step(groups)
         weights = sharded.state_dict_for_inference()
+        streamed = {k: v for part in sharded.iter_weight_chunks(4 << 20) for k, v in part.items()}  # a push's parts
         state = sharded.training_state()
     finally:
         sharded.close()
@@ -123,7 +124,8 @@ def test_sharded_learner_over_nccl_matches_the_in_process_one(model_dir: Path) -
     m_single = single.step(groups)
     assert m_sharded["loss"] == pytest.approx(m_single["loss"], rel=1e-5, abs=1e-7)
     expected = dict(single.weight_items())
-    assert set(weights) == set(expected)
+    assert set(weights) == set(expected) == set(streamed)
+    assert all(torch.equal(streamed[k], weights[k]) for k in weights)
     assert max((weights[k] - expected[k]).abs().max().item() for k in expected) <= 1e-5
     assert state["global_step"] == 1 and state["optimizer"]["state"]  # Adam moments came back
 

@@ -31,7 +31,7 @@ from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
 from agentrl.laminar.prompts import PromptPool
-from agentrl.laminar.relay import Relay, RelayChain
+from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
 from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resources, Runtime, gather_alive
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
@@ -180,6 +180,16 @@ def weight_views(learner: Any) -> dict[str, Any]:
     return getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
 
 
+async def push_weights(system: LaminarSystem, learner: Any, version: int) -> float:
+    """Push the learner's weights as `version` to the master relay; returns the copy's seconds.
+    A sharded learner (one that describes its weights, `weight_meta`) streams them a gathered
+    chunk at a time into the relay's buffer; any other hands over views (or a clone)."""
+    if hasattr(learner, "weight_meta"):
+        metas = [WeightMeta(*m) for m in await asyncio.to_thread(learner.weight_meta)]
+        return await system.chain.push_stream(metas, learner.iter_weight_chunks, version, system.weight_dtypes)
+    return await system.chain.push(await asyncio.to_thread(weight_views, learner), version, system.weight_dtypes)
+
+
 class TrainingStalled(RuntimeError):
     """The trainer waited past `laminar.wait_timeout_s`, or every rollout worker is dead."""
 
@@ -277,8 +287,7 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     v = learner.version
     with phase("push"):
-        await system.chain.push(await asyncio.to_thread(weight_views, learner), v,  # relays start from v
-                                system.weight_dtypes)
+        await push_weights(system, learner, v)  # relays start from v
         await share_first_snapshot(system, v)
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
@@ -303,13 +312,12 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
         v = learner.version
         t2 = time.perf_counter()
         mark_phase("push")
-        # the copy runs off the event loop: heartbeats and the manager keep ticking meanwhile
-        # views, not a clone: the push copies them into the relay's buffer before the next step
-        weights = await asyncio.to_thread(weight_views, learner) if updated else {}
+        # the copy runs off the event loop: heartbeats and the manager keep ticking meanwhile;
+        # views (or a sharded learner's gathered chunks), not a clone, go into the relay's buffer
         t3 = time.perf_counter()
-        push_copy_s = await system.chain.push(weights, v, system.weight_dtypes) if updated else 0.0
+        push_copy_s = await push_weights(system, learner, v) if updated else 0.0
         pushed_at = time.perf_counter()
-        stall_s = pushed_at - t3  # what the trainer waits for weights: the copy only
+        stall_s = pushed_at - t3  # what the trainer waits for weights: the copy (and a sharded learner's gathers)
         await system.buffer.set_version(v)
         sync_s = 0.0
         if backend != "laminar" and updated:

@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -82,6 +82,18 @@ class TensorSpec:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class WeightMeta:
+    """What a relay needs to lay out a push before any of its bytes arrive (a streamed push,
+    `Relay.begin_push`): the tensor's name, shape and dtype, and the name of the tensor it is
+    (tied weights), if it is another's."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    same_as: str | None = None
+
+
 def layout(state_dict: dict[str, torch.Tensor],
            dtypes: Mapping[str, str] | None = None) -> tuple[tuple[TensorSpec, ...], int]:
     """Where each tensor lives in the flat buffer, and the buffer's size in bytes. `dtypes` names
@@ -89,26 +101,40 @@ def layout(state_dict: dict[str, torch.Tensor],
     forward precision, `HFEngine.weight_dtypes`). Names that are the same tensor (tied weights: a
     causal LM's `lm_head.weight` is its embedding matrix) share one byte range, so the buffer
     holds every distinct tensor once."""
-    specs, offset = [], 0
-    placed: dict[tuple[Any, ...], int] = {}  # (address, dtype, shape, strides) -> offset
+    metas, first = [], {}  # (address, dtype, shape, strides) -> the first name seen there
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state_dict[{name!r}] is {type(t).__name__}, expected a torch.Tensor")
-        dtype = (dtypes or {}).get(name) or str(t.dtype).removeprefix("torch.")
-        nbytes = t.numel() * getattr(torch, dtype).itemsize
-        key = (t.device, t.data_ptr(), dtype, tuple(t.shape), t.stride())
-        at = placed.get(key) if nbytes and t.data_ptr() else None
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        same_as = first.setdefault(key, name) if t.numel() and t.data_ptr() else name
+        metas.append(WeightMeta(name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                same_as if same_as != name else None))
+    return layout_meta(metas, dtypes)
+
+
+def layout_meta(metas: list[WeightMeta],
+                dtypes: Mapping[str, str] | None = None) -> tuple[tuple[TensorSpec, ...], int]:
+    """`layout` from the tensors' descriptions alone (a streamed push lays out its buffer before
+    the first chunk arrives); a name `same_as` another shares that one's byte range."""
+    specs, offset = [], 0
+    placed: dict[tuple[str, str, tuple[int, ...]], int] = {}  # (first name, dtype, shape) -> offset
+    for m in metas:
+        dtype = (dtypes or {}).get(m.name) or m.dtype
+        nbytes = math.prod(m.shape) * getattr(torch, dtype).itemsize
+        key = (m.same_as or m.name, dtype, m.shape)
+        at = placed.get(key) if nbytes else None
         if at is None:
             at = placed[key] = offset
             offset += -(-nbytes // _ALIGN) * _ALIGN
-        specs.append(TensorSpec(name, dtype, tuple(t.shape), at, nbytes))
+        specs.append(TensorSpec(m.name, dtype, m.shape, at, nbytes))
     return tuple(specs), offset
 
 
-def flatten_into(state_dict: dict[str, torch.Tensor], specs: tuple[TensorSpec, ...],
+def flatten_into(state_dict: Mapping[str, torch.Tensor], specs: tuple[TensorSpec, ...],
                  flat: torch.Tensor) -> None:
     """Copy every tensor into its byte range of `flat` (the real copy of a push; a cast to the
-    spec's dtype happens in the same copy); a range two tied names share is copied once."""
+    spec's dtype happens in the same copy); a range two tied names share is copied once. `specs`
+    may be a part of the layout (a streamed push copies one chunk of names at a time)."""
     done: set[int] = set()
     for s in specs:
         if s.nbytes and s.offset in done:
@@ -192,6 +218,7 @@ class Relay:
         self.hop_delay_s = hop_delay_s  # simulated per-chunk start-up cost T_start (tests, benches)
         self._complete: WeightSnapshot | None = None
         self._incoming: dict[int, _Incoming] = {}
+        self._streaming: tuple[int, tuple[TensorSpec, ...], torch.Tensor, float] | None = None  # begin_push
         self._announced = -1
         self._done = asyncio.Condition()
         self._downstream: list[Any] = []  # handles, successor first
@@ -205,7 +232,8 @@ class Relay:
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "buffers_allocated": 0}
         track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
-                                                 *(i.flat for i in list(r._incoming.values()))])
+                                                 *(i.flat for i in list(r._incoming.values())),
+                                                 *([r._streaming[2]] if r._streaming else [])])
 
     # -- topology ------------------------------------------------------------------------------
 
@@ -232,15 +260,49 @@ class Relay:
                    dtypes: Mapping[str, str] | None = None) -> float:
         """Copy the weights into a fresh host buffer (the names in `dtypes` cast to theirs), start
         the broadcast, return the copy's seconds (the trainer's whole stall, §1.2 ⑤)."""
-        if self._complete is not None and version <= self._complete.version:
-            raise ValueError(f"relay {self.id}: pushed version {version} is not newer than "
-                             f"{self._complete.version}")
+        self._check_newer(version)
         t0 = time.perf_counter()
         specs, size = layout(state_dict, dtypes)
         flat = self._buffer(size)
         await asyncio.to_thread(flatten_into, state_dict, specs, flat)
-        copy_s = time.perf_counter() - t0
-        n = self._n_chunks(size)
+        return await self._publish(version, specs, flat, time.perf_counter() - t0)
+
+    def _check_newer(self, version: int) -> None:
+        if self._complete is not None and version <= self._complete.version:
+            raise ValueError(f"relay {self.id}: pushed version {version} is not newer than "
+                             f"{self._complete.version}")
+
+    async def begin_push(self, metas: list[WeightMeta], version: int,
+                         dtypes: Mapping[str, str] | None = None) -> None:
+        """A streamed push: lay out and allocate the buffer from the tensors' descriptions; the
+        bytes follow in parts (`push_part`), and `end_push` publishes the version. A sharded
+        learner gathers its weights a chunk at a time this way, so no process holds a full copy
+        besides this buffer."""
+        self._check_newer(version)
+        specs, size = layout_meta(metas, dtypes)
+        self._streaming = (version, specs, self._buffer(size), 0.0)
+
+    async def push_part(self, version: int, part: dict[str, torch.Tensor]) -> None:
+        """Copy one part of a streamed push (any subset of its names) into the buffer."""
+        if self._streaming is None or self._streaming[0] != version:
+            raise ValueError(f"relay {self.id}: push_part for version {version} without its begin_push")
+        _, specs, flat, copy_s = self._streaming
+        t0 = time.perf_counter()
+        await asyncio.to_thread(flatten_into, part, tuple(s for s in specs if s.name in part), flat)
+        self._streaming = (version, specs, flat, copy_s + time.perf_counter() - t0)
+
+    async def end_push(self, version: int) -> float:
+        """Publish a streamed push; returns the seconds its parts took to copy."""
+        if self._streaming is None or self._streaming[0] != version:
+            raise ValueError(f"relay {self.id}: end_push for version {version} without its begin_push")
+        _, specs, flat, copy_s = self._streaming
+        self._streaming = None
+        return await self._publish(version, specs, flat, copy_s)
+
+    async def _publish(self, version: int, specs: tuple[TensorSpec, ...], flat: torch.Tensor,
+                       copy_s: float) -> float:
+        """A complete new version in `flat`: make it the served one and start its broadcast."""
+        n = self._n_chunks(flat.numel())
         self._incoming[version] = _Incoming(version, specs, flat, n, self.chunk_bytes, set(range(n)))
         self._announced = max(self._announced, version)
         await self._finish(version)
@@ -397,6 +459,24 @@ class RelayChain:
                 return await self.master.push(state_dict, version, dtypes)
             except ActorDied:
                 await self.remove(self.master.name)
+        raise ActorDied("every relay is dead")
+
+    async def push_stream(self, metas: list[WeightMeta], parts: Callable[[], Iterator[dict[str, torch.Tensor]]],
+                          version: int, dtypes: Mapping[str, str] | None = None) -> float:
+        """`push` in parts (`Relay.begin_push`): `parts()` yields dicts of some of the weights
+        (a sharded learner's gathered chunks; each call starts a new pass over them). It runs
+        off the event loop, one part at a time; a master that dies mid-stream is replaced and
+        the stream starts again from a new pass."""
+        while self.relays:
+            master = self.master
+            try:
+                await master.begin_push(metas, version, dtypes)
+                stream = await asyncio.to_thread(parts)
+                while (part := await asyncio.to_thread(next, stream, None)) is not None:
+                    await master.push_part(version, part)
+                return await master.end_push(version)
+            except ActorDied:
+                await self.remove(master.name)
         raise ActorDied("every relay is dead")
 
     async def remove(self, name: str) -> None:

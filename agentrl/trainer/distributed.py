@@ -93,10 +93,33 @@ class ShardedLearner(Learner):
                                       self.temperature, mb.loss_mask.to(self.device), entropy, sum_pi_sq)
         return TokenStats(logprobs=lp, entropy=ent, sum_pi_sq=sq)
 
+    def _tied(self) -> dict[str, str]:
+        """Weight name -> the first name of the same parameter, for tied weights (an LM head that
+        is the embedding). Parameter identity, not storage, so that every rank agrees."""
+        first: dict[int, str] = {}
+        return {name: src for name, p in self.model.named_parameters(remove_duplicate=False)
+                if (src := first.setdefault(id(p), name)) != name}
+
     def weight_items(self) -> Iterator[tuple[str, Tensor]]:
+        """Each full weight in turn (an all-gather of one tensor: every rank iterates); a tied
+        name yields the tensor already gathered for its twin, so a relay stores it once."""
+        tied = self._tied()
+        twins: dict[str, Tensor] = {}
         for k, v in self.model.state_dict().items():
-            full = v.full_tensor() if hasattr(v, "full_tensor") else v  # all-gather of one tensor
-            yield k, full.detach().to("cpu")
+            if tied.get(k) in twins:
+                yield k, twins[tied[k]]
+                continue
+            full = (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu")
+            if k in tied.values():
+                twins[k] = full
+            yield k, full
+
+    def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
+        """(name, full shape, dtype, tied-to name) of each weight `weight_items` yields, without
+        gathering any: what a relay lays its buffer out from before a streamed push."""
+        tied = self._tied()
+        return [(k, tuple(v.shape), str(v.dtype).removeprefix("torch."), tied.get(k))
+                for k, v in self.model.state_dict().items()]
 
     def training_state(self) -> dict[str, Any]:
         """Full (unsharded) model and optimizer state, as a single learner's: a checkpoint from
@@ -190,6 +213,7 @@ class LearnerRank:
         self.rank = rank
         self.learner = ShardedLearner(model, cfg, temperature, reward_cfg, device)
         self.sft: Any = None  # the warm start's step generator, between "sft_begin" and "sft_end"
+        self.chunks: Iterator[dict[str, Tensor]] = iter(())  # a streamed push's, from "weights_begin"
 
     def handle(self, cmd: str, arg: Any) -> tuple[Any, int, int]:
         learner, rank = self.learner, self.rank
@@ -197,6 +221,14 @@ class LearnerRank:
             result: Any = learner.step(arg)
         elif cmd == "weights":  # every rank takes part in each gather; rank 0 keeps the result
             result = {k: v for k, v in learner.weight_items() if rank == 0} or None
+        elif cmd == "weight_meta":
+            result = learner.weight_meta() if rank == 0 else None
+        elif cmd == "weights_begin":  # a streamed push: one chunk of gathered weights per "weights_next"
+            self.chunks = learner.iter_weight_chunks(arg)
+            result = None
+        elif cmd == "weights_next":
+            chunk = next(self.chunks, None)
+            result = chunk if rank == 0 else None
         elif cmd == "training_state":
             state = learner.training_state()
             result = state if rank == 0 else None
@@ -440,6 +472,17 @@ class DistributedLearner:
         return self._call("weights")
 
     state_dict_views = state_dict_for_inference
+
+    def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
+        return self._call("weight_meta")
+
+    def iter_weight_chunks(self, max_bytes: int = 64 << 20) -> Iterator[dict[str, Tensor]]:
+        """The weights in parts of at most `max_bytes` (a larger tensor is a part of its own),
+        gathered on the ranks one part at a time: neither rank 0 nor this driver ever holds a
+        full copy (a streamed push, `RelayChain.push_stream`). A new call starts a new pass."""
+        self._call("weights_begin", max_bytes)
+        while (chunk := self._call("weights_next")) is not None:
+            yield chunk
 
     def training_state(self) -> dict[str, Any]:
         return self._call("training_state")

@@ -176,3 +176,64 @@ async def test_relays_hold_one_host_buffer_at_rest():
     assert all(torch.equal(held.state_dict()[k], held_sd[k]) for k in held_sd)
     assert [(await r.get_stats())["buffers_allocated"] for r in relays] == [6, 6]
     await rt.shutdown()
+
+
+def _parts(sd: dict[str, torch.Tensor], size: int):
+    """`parts()` for push_stream: a new pass over `sd` in dicts of `size` names."""
+    names = list(sd)
+    return lambda: iter([{k: sd[k] for k in names[i:i + size]} for i in range(0, len(names), size)])
+
+
+async def test_a_streamed_push_equals_a_whole_push_and_stores_tied_weights_once():
+    """`push_stream` (a sharded learner's chunks, laid out from `WeightMeta` before any bytes
+    arrive) leaves the same bytes on every relay as `push` of the whole dict, bf16 casts
+    included; a name `same_as` another shares its byte range, as `layout` does for tied tensors."""
+    from agentrl.laminar.relay import WeightMeta
+
+    sd = _weights()
+    sd["tied"] = sd["w1"]  # an LM head that is the embedding
+    metas = [WeightMeta(k, tuple(t.shape), str(t.dtype).removeprefix("torch."), "w1" if k == "tied" else None)
+             for k, t in sd.items()]
+    dtypes = {"w2": "bfloat16"}
+    rt, chain, relays = await _chain(["m", "a"])
+    await chain.push(sd, 1, dtypes)
+    await _wait_version(relays, 1)
+    whole = await relays[1].fetch_latest(policy="local")
+    rt2, chain2, relays2 = await _chain(["m", "a"])
+    assert await chain2.push_stream(metas, _parts(sd, 2), 1, dtypes) >= 0
+    await _wait_version(relays2, 1)
+    streamed = await relays2[1].fetch_latest(policy="local")
+    assert streamed.specs == whole.specs and streamed.nbytes == whole.nbytes
+    got, want = streamed.state_dict(), whole.state_dict()  # (the alignment padding is uninitialised)
+    assert all(torch.equal(got[k], want[k]) for k in sd) and got["w2"].dtype == torch.bfloat16
+    assert streamed.nbytes < sum(t.numel() * t.element_size() for t in sd.values())  # "tied" not stored twice
+    with pytest.raises(ValueError, match="without its begin_push"):
+        await relays2[0].push_part(2, {"w0": sd["w0"]})
+    await rt.shutdown()
+    await rt2.shutdown()
+
+
+async def test_a_streamed_push_restarts_on_a_new_master():
+    """The master dies mid-stream: the chain elects the next relay and streams a new pass."""
+    from agentrl.laminar.relay import WeightMeta
+
+    sd = _weights()
+    metas = [WeightMeta(k, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for k, t in sd.items()]
+    rt, chain, relays = await _chain(["m", "a", "b"])
+    passes = 0
+
+    def parts():
+        nonlocal passes
+        passes += 1
+        for i, (k, t) in enumerate(sd.items()):
+            if passes == 1 and i == 2:
+                asyncio.run_coroutine_threadsafe(rt.kill(relays[0]), loop).result()
+            yield {k: t}
+
+    loop = asyncio.get_running_loop()
+    await chain.push_stream(metas, parts, 1)
+    assert passes == 2 and chain.master.name == "a"
+    await _wait_version(chain.relays, 1)
+    snap = await chain.relays[-1].fetch_latest(policy="local")
+    assert all(torch.equal(snap.state_dict()[k], t) for k, t in sd.items())
+    await rt.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from agentrl.config import TrainerConfig, load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
+from agentrl.laminar.loop import push_weights
+from agentrl.laminar.relay import Relay, RelayChain
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.sft import sft_train
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -37,6 +40,8 @@ def test_two_sharded_learners_equal_one(tmp_path):
     try:
         m2 = dl.step(copy.deepcopy(groups))
         two = dl.state_dict_for_inference()
+        chunks = list(dl.iter_weight_chunks(max_bytes=16 << 10))  # a streamed push's parts
+        meta = dl.weight_meta()
         shards = dl.shard_bytes()
         state = dl.training_state()
     finally:
@@ -54,6 +59,15 @@ def test_two_sharded_learners_equal_one(tmp_path):
     for rank in shards:  # each rank holds about half (shards round up per tensor)
         assert rank["weights"] <= 0.6 * full_w and rank["optimizer"] <= 0.6 * full_opt
     torch.testing.assert_close(state["model"]["model.norm.weight"], one["model.norm.weight"])
+    # streamed: parts of <= 16 KiB (or one larger tensor) that add up to the gathered weights,
+    # described ahead by weight_meta, the tied LM head named as the embedding's twin
+    assert len(chunks) > 1 and sum(len(c) for c in chunks) == len(two)
+    for c in chunks:
+        assert len(c) == 1 or sum(t.numel() * t.element_size() for t in c.values()) <= 16 << 10
+        for k, t in c.items():
+            assert torch.equal(t, two[k]), k
+    assert [m[0] for m in meta] == list(two) and all(tuple(two[n].shape) == shape for n, shape, _, _ in meta)
+    assert ("lm_head.weight", "model.embed_tokens.weight") in {(m[0], m[3]) for m in meta}
     assert set(state["model"]) >= set(single.model.state_dict()) - {"lm_head.weight"}
 
 
@@ -143,6 +157,15 @@ async def test_sharded_push_gives_the_engine_the_single_learners_logprobs(tmp_pa
         try:
             learner.step(copy.deepcopy(groups))
             weights[n] = learner.state_dict_for_inference()
+            if n == 2:  # and streamed into a relay, chunk by chunk, as the training loop pushes it
+                chain = RelayChain([Relay("master")])
+                await push_weights(SimpleNamespace(chain=chain, weight_dtypes={}), learner, 1)
+                snap = await chain.master.fetch_latest(policy="local")
+                streamed = snap.state_dict()
+                assert all(torch.equal(streamed[k], v) for k, v in weights[2].items())
+                tied = weights[2]["lm_head.weight"]  # stored once, as the embedding's twin
+                assert snap.nbytes < sum(t.numel() * t.element_size() for t in weights[2].values()) - tied.nbytes // 2
+                weights[2] = streamed
         finally:
             if n == 2:
                 learner.close()
