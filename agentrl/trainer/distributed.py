@@ -72,12 +72,17 @@ class ShardedLearner(Learner):
         from torch.distributed.fsdp import fully_shard
 
         super().__init__(model, cfg, temperature, reward_cfg, device)
-        if self.ref_model is not None:
-            raise ValueError("trainer.kl_coef > 0 with trainer.num_learners > 1 is not supported yet; set kl_coef=0")
-        for layer in decoder_layers(self.model):
-            fully_shard(layer)
-        self.policy = PolicyForward(self.model)
-        fully_shard(self.policy)
+        # The policy, and the frozen reference of the k3 KL (kl_coef > 0) the same way: each rank
+        # holds 1/N of either. Every rank runs the reference over the whole batch (_recompute), so
+        # their all-gathers line up.
+        self.roots: dict[int, PolicyForward] = {}
+        for lm in (self.model, self.ref_model):
+            if lm is not None:
+                for layer in decoder_layers(lm):
+                    fully_shard(layer)
+                self.roots[id(lm)] = PolicyForward(lm)
+                fully_shard(self.roots[id(lm)])
+        self.policy = self.roots[id(self.model)]
         # The optimizer must hold the sharded (DTensor) parameters, so it is built again.
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, cfg)
@@ -85,12 +90,11 @@ class ShardedLearner(Learner):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool) -> TokenStats:
-        if model is not self.model:
-            return super()._forward(model, mb, entropy, sum_pi_sq)
-        self.policy.train(model.training)
+        root = self.roots[id(model)]
+        root.train(model.training)
         with self._autocast():
-            lp, ent, sq = self.policy(mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                      self.temperature, mb.loss_mask.to(self.device), entropy, sum_pi_sq)
+            lp, ent, sq = root(mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
+                               self.temperature, mb.loss_mask.to(self.device), entropy, sum_pi_sq)
         return TokenStats(logprobs=lp, entropy=ent, sum_pi_sq=sq)
 
     def _tied(self) -> dict[str, str]:

@@ -97,6 +97,30 @@ def on_policy_groups(seed: int) -> list:
     return groups
 
 
+def test_kl_to_the_reference_on_sharded_learners_equals_one_learner(tmp_path):
+    """trainer.kl_coef > 0 with trainer.num_learners=2: each rank holds an FSDP2 shard of the
+    frozen reference policy too; two steps (the second one away from the reference, so the k3 KL
+    and its gradient are not zero) give the single learner's KL and weights within 1e-5."""
+    path = tiny_model_dir(tmp_path)
+    batches = [on_policy_groups(21), on_policy_groups(22)]
+    results = {}
+    for n in (1, 2):
+        cfg = config(path, f"trainer.num_learners={n}", "trainer.micro_batch_size=1", "trainer.kl_coef=0.5").trainer
+        learner = make_learner(path, cfg)
+        try:
+            metrics = [learner.step(copy.deepcopy(b)) for b in batches]
+            results[n] = metrics, learner.state_dict_for_inference()
+        finally:
+            if n == 2:
+                learner.close()
+    (m1, w1), (m2, w2) = results[1], results[2]
+    assert m1[1]["kl_ref"] > 1e-6  # the second step saw a KL to the reference
+    for a, b in zip(m1, m2):
+        assert abs(a["kl_ref"] - b["kl_ref"]) < 1e-6 and abs(a["loss"] - b["loss"]) < 1e-5
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=0, msg=k)
+
+
 @pytest.mark.slow
 def test_sharded_checkpoint_resumes_exactly_in_new_learner_processes(tmp_path):
     """trainer.num_learners=2: step, checkpoint (as the run loop does), step again; a new learner
