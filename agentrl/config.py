@@ -156,8 +156,9 @@ class TrainerConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     # adamw: fp32 moments, 8 bytes per parameter; adamw8bit: bitsandbytes' block-wise 8-bit moments,
-    # about 2 bytes (1.0 -> 0.27 GB for the 135M model), one learner process only
-    optimizer: Literal["adamw", "adamw8bit"] = "adamw"
+    # about 2 bytes (1.0 -> 0.27 GB for the 135M model), one learner process only; auto: adamw8bit
+    # with one learner process, adamw when num_learners > 1 shards it (trainer/learner.make_optimizer)
+    optimizer: Literal["adamw", "adamw8bit", "auto"] = "adamw"
     grad_clip: float = 1.0
     warmup_steps: int = 0
     advantage: Literal["grpo", "drgrpo", "rloo", "otb"] = "grpo"
@@ -490,9 +491,9 @@ def validate(cfg: Config) -> None:
          "engine.device=cuda but torch sees no GPU here; set engine.device=auto or cpu"),
         (cfg.trainer.learner_num_gpus >= 0 and cfg.trainer.learner_num_cpus > 0,
          "trainer.learner_num_gpus must be >= 0 and trainer.learner_num_cpus > 0"),
-        (cfg.trainer.num_learners == 1 or cfg.trainer.optimizer == "adamw",
+        (cfg.trainer.num_learners == 1 or cfg.trainer.optimizer != "adamw8bit",
          "trainer.optimizer=adamw8bit keeps whole-tensor 8-bit state, which FSDP2's sharded parameters cannot "
-         "hold; set trainer.optimizer=adamw with trainer.num_learners > 1"),
+         "hold; set trainer.optimizer=adamw (or auto) with trainer.num_learners > 1"),
         (cfg.trainer.num_learners == 1 or cfg.trainer.lora.rank == 0,
          "trainer.num_learners > 1 does not support trainer.lora yet; set num_learners=1"),
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),

