@@ -494,8 +494,6 @@ def validate(cfg: Config) -> None:
         (cfg.trainer.num_learners == 1 or cfg.trainer.optimizer != "adamw8bit",
          "trainer.optimizer=adamw8bit keeps whole-tensor 8-bit state, which FSDP2's sharded parameters cannot "
          "hold; set trainer.optimizer=adamw (or auto) with trainer.num_learners > 1"),
-        (cfg.trainer.num_learners == 1 or cfg.trainer.lora.rank == 0,
-         "trainer.num_learners > 1 does not support trainer.lora yet; set num_learners=1"),
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),
          "trainer.lora.rank must be >= 0, trainer.lora.alpha > 0 and trainer.lora.targets non-empty"),
         (cfg.trainer.entropy_every >= 0, "trainer.entropy_every must be >= 0"),

@@ -64,6 +64,11 @@ class PolicyForward(torch.nn.Module):
         return st.logprobs, st.entropy, st.sum_pi_sq
 
 
+def _gather(t: Tensor) -> Tensor:
+    """The full tensor on the CPU (an all-gather for an FSDP2 shard: every rank must call it)."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().to("cpu")
+
+
 class ShardedLearner(Learner):
     """A `Learner` whose model is FSDP2-sharded over the default process group."""
 
@@ -105,25 +110,36 @@ class ShardedLearner(Learner):
                 if (src := first.setdefault(id(p), name)) != name}
 
     def weight_items(self) -> Iterator[tuple[str, Tensor]]:
-        """Each full weight in turn (an all-gather of one tensor: every rank iterates); a tied
-        name yields the tensor already gathered for its twin, so a relay stores it once."""
+        """Each full weight under its HF name, in turn (an all-gather of one tensor: every rank
+        iterates); a tied name yields the tensor already gathered for its twin, so a relay stores
+        it once. LoRA: each adapted weight is its base plus the gathered adapters' B·A·scale,
+        what the engines load (as `hf_weight_items` merges them on one learner)."""
         tied = self._tied()
         twins: dict[str, Tensor] = {}
-        for k, v in self.model.state_dict().items():
-            if tied.get(k) in twins:
-                yield k, twins[tied[k]]
+        state = self.model.state_dict()
+        for k, v in state.items():
+            if ".lora_" in k:
                 continue
-            full = (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu")
+            if tied.get(k) in twins:
+                yield k.replace(".base_layer.", "."), twins[tied[k]]
+                continue
+            full = _gather(v)
+            if ".base_layer." in k and k.endswith(".weight"):
+                prefix = k.split(".base_layer.")[0]
+                scale = self.model.get_submodule(prefix).scaling["default"]
+                full = full + _gather(state[f"{prefix}.lora_B.default.weight"]) @ _gather(
+                    state[f"{prefix}.lora_A.default.weight"]) * scale
             if k in tied.values():
                 twins[k] = full
-            yield k, full
+            yield k.replace(".base_layer.", "."), full
 
     def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
-        """(name, full shape, dtype, tied-to name) of each weight `weight_items` yields, without
-        gathering any: what a relay lays its buffer out from before a streamed push."""
+        """(HF name, full shape, dtype, tied-to name) of each weight `weight_items` yields,
+        without gathering any: what a relay lays its buffer out from before a streamed push."""
         tied = self._tied()
-        return [(k, tuple(v.shape), str(v.dtype).removeprefix("torch."), tied.get(k))
-                for k, v in self.model.state_dict().items()]
+        return [(k.replace(".base_layer.", "."), tuple(v.shape), str(v.dtype).removeprefix("torch."),
+                 tied[k].replace(".base_layer.", ".") if k in tied else None)
+                for k, v in self.model.state_dict().items() if ".lora_" not in k]
 
     def training_state(self) -> dict[str, Any]:
         """Full (unsharded) model and optimizer state, as a single learner's: a checkpoint from
@@ -138,6 +154,8 @@ class ShardedLearner(Learner):
             for k, v in param_state.items():
                 if isinstance(v, Tensor) and not hasattr(v, "to_local"):
                     param_state[k] = v.clone()
+        if self.lora:  # the adapter only, as a single learner checkpoints it
+            model_sd = {k: v for k, v in model_sd.items() if ".lora_" in k}
         state = super().training_state()
         state.update(model=model_sd, optimizer=optim_sd)
         return state
@@ -164,7 +182,7 @@ class ShardedLearner(Learner):
             raise KeyError(f"training state lacks {sorted(missing)}")
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=self._named_optimizer_state(state["optimizer"]),
-                       options=StateDictOptions(full_state_dict=True))
+                       options=StateDictOptions(full_state_dict=True, strict=not self.lora))  # LoRA: adapter only
         # set_state_dict shards the tensors into new DTensors but keeps unsharded entries (Adam's
         # `step` counts) as given. The driver's state reaches every rank through a pipe that shares
         # tensor memory, so without a copy all ranks would step one shared counter (twice per step).

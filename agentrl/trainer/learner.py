@@ -73,12 +73,25 @@ def _load(model: str | Path | torch.nn.Module, device: str) -> torch.nn.Module:
 _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
 
 
-def inject_lora(model: torch.nn.Module, lora: LoRAConfig) -> None:
-    """Add peft LoRA adapters to `model` in place (the base weights are frozen)."""
+def _quiet_bitsandbytes() -> None:
+    """bitsandbytes' CPU backend (imported by it and by peft) warns at import that an optional
+    4-bit GEMM kernel package is missing; 4-bit GEMMs are not used here."""
+    import logging
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+def inject_lora(model: torch.nn.Module, lora: LoRAConfig, seed: int = 0) -> None:
+    """Add peft LoRA adapters to `model` in place (the base weights are frozen). Their random
+    initial A matrices come from `seed`, not the global RNG: every learner rank (FSDP2 keeps each
+    rank's own slice of them) and a rerun start from the same adapters."""
+    _quiet_bitsandbytes()
     from peft import LoraConfig, get_peft_model
 
-    get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets),
-                                     lora_dropout=0.0))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.targets),
+                                         lora_dropout=0.0))
 
 
 def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -140,11 +153,7 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig) -> torc
     bitsandbytes' whole-tensor 8-bit state cannot hold."""
     sharded = any(hasattr(p, "to_local") for p in params)
     if cfg.optimizer == "adamw8bit" or (cfg.optimizer == "auto" and not sharded):
-        import logging
-
-        # bitsandbytes' CPU backend warns at import that an optional 4-bit GEMM kernel package is
-        # missing; 4-bit GEMMs are not used here
-        logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+        _quiet_bitsandbytes()
         import bitsandbytes as bnb
 
         return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -175,7 +184,7 @@ class Learner:
         self.model = _load(model, device)
         self.lora = cfg.lora.rank > 0
         if self.lora:  # adapters injected in place; the base weights are frozen
-            inject_lora(self.model, cfg.lora)
+            inject_lora(self.model, cfg.lora, cfg.seed)
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(self.model)
         self.model.train()

@@ -121,6 +121,39 @@ def test_kl_to_the_reference_on_sharded_learners_equals_one_learner(tmp_path):
         torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=0, msg=k)
 
 
+def test_lora_on_sharded_learners_equals_one_learner_and_checkpoints_the_adapter(tmp_path):
+    """trainer.lora with trainer.num_learners=2: the frozen base and the adapters are FSDP2-sharded
+    together; after a step the merged weights the engines get (base + B·A·scale, gathered) equal
+    the single LoRA learner's within 1e-5; the checkpoint holds the adapter only and loads into a
+    single learner, whose merged weights are then the sharded ones."""
+    path = tiny_model_dir(tmp_path)
+    groups = on_policy_groups(31)
+    lora = ("trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.micro_batch_size=1")
+    merged, states = {}, {}
+    for n in (1, 2):
+        learner = make_learner(path, config(path, f"trainer.num_learners={n}", *lora).trainer)
+        try:
+            learner.step(copy.deepcopy(groups))
+            merged[n], states[n] = learner.state_dict_for_inference(), learner.training_state()
+            if n == 2:
+                streamed = {k: v for part in learner.iter_weight_chunks(16 << 10) for k, v in part.items()}
+                meta = learner.weight_meta()
+        finally:
+            if n == 2:
+                learner.close()
+    base = tiny_llama(0).state_dict()
+    assert set(merged[1]) == set(merged[2]) == set(streamed) == {m[0] for m in meta}
+    assert max((merged[1][k] - base[k]).abs().max().item() for k in merged[1]) > 1e-5  # the adapters moved
+    for k in merged[1]:
+        torch.testing.assert_close(merged[2][k], merged[1][k], atol=1e-5, rtol=0, msg=k)
+        assert torch.equal(streamed[k], merged[2][k]), k
+    assert set(states[2]["model"]) == set(states[1]["model"]) and all(".lora_" in k for k in states[2]["model"])
+    single = make_learner(path, config(path, *lora).trainer)
+    single.load_training_state(states[2])
+    resumed = single.state_dict_for_inference()
+    assert max((resumed[k] - merged[2][k]).abs().max().item() for k in resumed) <= 1e-5
+
+
 @pytest.mark.slow
 def test_sharded_checkpoint_resumes_exactly_in_new_learner_processes(tmp_path):
     """trainer.num_learners=2: step, checkpoint (as the run loop does), step again; a new learner
