@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.config import Config, TrainerConfig, load_config
+from agentrl.config import Config, LoRAConfig, TrainerConfig, load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.trainer.distributed import DistributedLearner, make_learner
@@ -128,6 +128,27 @@ def test_sharded_learner_over_nccl_matches_the_in_process_one(model_dir: Path) -
     assert all(torch.equal(streamed[k], weights[k]) for k in weights)
     assert max((weights[k] - expected[k]).abs().max().item() for k in expected) <= 1e-5
     assert state["global_step"] == 1 and state["optimizer"]["state"]  # Adam moments came back
+
+
+def test_sharded_lora_with_kl_over_nccl_matches_the_in_process_one(model_dir: Path) -> None:
+    """LoRA adapters and the k3 KL's frozen reference on an NCCL rank (both FSDP2-sharded on
+    cuda:0): two steps give the in-process GPU learner's KL and merged weights."""
+    cfg = _trainer_cfg(kl_coef=0.5, lora=LoRAConfig(rank=4, alpha=8))
+    batches = [random_groups(2, 2, vocab=49152, max_resp=12, seed=s) for s in (1, 2)]
+    sharded = DistributedLearner(str(model_dir), cfg, num_learners=1)
+    try:
+        m_sharded = [sharded.step(b) for b in batches]
+        merged = sharded.state_dict_for_inference()
+    finally:
+        sharded.close()
+    single = Learner(model_dir, cfg, device="cuda")
+    m_single = [single.step(b) for b in batches]
+    expected = dict(single.weight_items())
+    assert m_single[1]["kl_ref"] > 0
+    for a, b in zip(m_sharded, m_single):
+        assert a["kl_ref"] == pytest.approx(b["kl_ref"], rel=1e-4, abs=1e-7)
+    assert set(merged) == set(expected)
+    assert max((merged[k] - expected[k]).abs().max().item() for k in expected) <= 1e-5
 
 
 def _engine_cfg(model_dir: Path, *overrides: str) -> Config:
