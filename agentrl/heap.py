@@ -6,6 +6,14 @@ warm start's Adam moments, one learner step's gradients and activations) stay in
 RSS after they are freed, and the next phase's peak stacks on that slack. `malloc_trim(0)` returns
 free pages from every arena (madvise), a few milliseconds at the points where a phase ends.
 
+oneDNN's kernel caches are bounded too (`bound_kernel_caches`, applied when this module is
+imported): torch's bf16 matmuls on CPU go through ideep and oneDNN, which each keep the kernels
+they built in an LRU of 1 024 entries by default, keyed by the exact shapes. An engine's decode
+step attends over one more cached token than the step before, so every step builds new kernels
+and the caches fill with about 1.1 MB per shape that is never used again: the held-out
+evaluation's replay (24 requests, contexts up to 3k tokens) held 0.55 GB in them after it ended,
+and its peak added 1.57 GB over what it entered with instead of 0.63 (docs/benchmarks.md, Memory).
+
 `mark_phase` / `phase` name the phase a run is in and, when AGENTRL_PHASE_LOG is set (by
 bench/memory.py), append a line with the time, this process's RSS and the bytes of the tensors
 registered with `track` (learner weights, gradients, Adam state, engine weights and KV, relay
@@ -43,6 +51,25 @@ def trim_heap() -> bool:
         return False
     trim(0)
     return True
+
+
+# ideep's (LRU_CACHE_CAPACITY) and oneDNN's (ONEDNN_PRIMITIVE_CACHE_CAPACITY) kernel caches, in
+# entries. A step's shapes repeat within it (every layer) and its linear layers' between steps,
+# which a few dozen entries hold; 0 is not allowed (ideep crashes with LRU_CACHE_CAPACITY=0).
+KERNEL_CACHE_CAPACITY = 64
+KERNEL_CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+
+
+def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> dict[str, str]:
+    """Cap ideep's and oneDNN's kernel caches at `capacity` entries unless the environment already
+    sets them. Both read their variable once, when the process builds its first kernel, so this
+    must run before the first bf16 matmul (importing this module does it). Returns the values in force."""
+    if capacity < 1:
+        raise ValueError(f"kernel cache capacity must be >= 1, got {capacity}")
+    return {name: os.environ.setdefault(name, str(capacity)) for name in KERNEL_CACHE_VARIABLES}
+
+
+bound_kernel_caches()
 
 
 # glibc's mallopt parameter (malloc.h) and the thresholds the learner's phases use.

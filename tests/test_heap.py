@@ -67,3 +67,54 @@ print(inside, outside)
     inside, outside = map(int, out.stdout.split())
     assert inside > 0.8 * 200 * 1.6e6, inside >> 20
     assert outside < 0.2 * 200 * 1.6e6, outside >> 20
+
+
+_KERNEL_CACHE_PROBE = """
+import ctypes, json, sys
+import torch
+import agentrl.heap  # noqa: F401  (bounds the kernel caches unless the environment set them)
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+torch.set_num_threads(1)
+q = torch.randn(4, 3, 3, 64).bfloat16()
+before = libc.mallinfo2().uordblks
+for length in range(200, 500):  # a decode step's shapes: one more cached key each time
+    keys = torch.randn(4, 3, length, 64).bfloat16()
+    weights = torch.softmax(torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2).float(), -1).bfloat16()
+    torch.matmul(weights, keys)
+print(json.dumps(libc.mallinfo2().uordblks - before))
+"""
+
+
+def _kernel_cache_growth(env: dict[str, str]) -> int:
+    import json
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", _KERNEL_CACHE_PROBE], env={**clean, **env}, capture_output=True,
+                         text=True, check=True, timeout=300)
+    return int(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_importing_heap_bounds_the_kernel_caches_that_decode_shapes_fill() -> None:
+    """300 bf16 matmul shapes, as 300 decode steps make: with torch's default caches (1 024
+    entries) the process keeps what it built for each; with the bound agentrl.heap sets on import
+    it keeps at most a few dozen shapes' worth."""
+    import ctypes.util
+
+    if not ctypes.util.find_library("c") or not hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallinfo2"):
+        import pytest
+
+        pytest.skip("glibc's mallinfo2 is needed to count the heap's live bytes")
+    default = _kernel_cache_growth({"LRU_CACHE_CAPACITY": "1024", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"})
+    if default < 50 << 20:
+        import pytest
+
+        pytest.skip(f"this CPU's bf16 matmuls keep no per-shape kernels ({default >> 20} MB for 300 shapes)")
+    bounded = _kernel_cache_growth({})
+    assert bounded < default / 3, (bounded >> 20, default >> 20)
