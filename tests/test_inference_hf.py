@@ -144,6 +144,35 @@ async def test_prefix_store_off_and_over_budget(model_path, prompts):
         HFEngine(model_path, prefix_cache_mb=-1)
 
 
+async def test_engine_trims_the_heap_from_its_worker_thread(model_path, prompts, monkeypatch):
+    """The engine hands freed heap pages back every `trim_every` steps, sooner after a step that
+    prefilled or finished rows, on its own worker thread; trim_every=0 never trims."""
+    import threading
+
+    import agentrl.inference.hf as hf
+
+    calls: list[str] = []
+    monkeypatch.setattr(hf, "trim_heap", lambda: calls.append(threading.current_thread().name) or True)
+    sp = SamplingParams(max_tokens=24, seed=0, stop_token_ids=())
+    for every in (8, 0):
+        calls.clear()
+        eng = HFEngine(model_path, seed=0, trim_every=every)
+        try:
+            out = await eng.generate(prompts[0], sp)
+        finally:
+            await eng.close()
+        steps = int(eng.metrics["steps"])
+        if every == 0:
+            assert calls == [] and eng.metrics["heap_trims"] == 0
+            continue
+        # the first step prefilled: trimmed after every // 4 steps; then every `every` steps
+        assert steps == len(out.token_ids) and len(calls) == eng.metrics["heap_trims"]
+        assert steps // every <= len(calls) <= steps // (every // 4)
+        assert calls and all(name.startswith("hf-engine") for name in calls)
+    with pytest.raises(ValueError, match="trim_every"):
+        HFEngine(model_path, trim_every=-1)
+
+
 async def test_engine_leaves_the_process_thread_count_alone(model_path, prompts):
     """The engine's forward passes run with its own thread count on its own thread; the rest of
     the process (a learner) keeps the pool it set."""
