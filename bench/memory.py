@@ -183,8 +183,11 @@ def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | No
     w = n * 4 / GB  # fp32
     from agentrl.config import load_config
 
-    # two fp32 moments, or (adamw8bit) two 8-bit codes plus an fp32 scale per 256 of each
-    moments = 2 * w if load_config(env, overrides=overrides).trainer.optimizer == "adamw" else 2 * w * (1 + 4 / 256) / 4
+    # two fp32 moments, or (adamw8bit; auto in one learner process) two 8-bit codes plus an fp32
+    # scale per 256 of each
+    trainer = load_config(env, overrides=overrides).trainer
+    eight_bit = trainer.optimizer == "adamw8bit" or (trainer.optimizer == "auto" and trainer.num_learners == 1)
+    moments = 2 * w * (1 + 4 / 256) / 4 if eight_bit else 2 * w
     # Learner weights + grads + 2 Adam moments; one engine model; one copy in flight for the push.
     parts = {"learner_weights": w, "gradients": w, "optimizer": moments, "engine_weights": w, "push_copy": w}
     return {"mode": "run", "env": env, "overrides": overrides, **rec,
