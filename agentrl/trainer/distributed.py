@@ -36,7 +36,7 @@ from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
 from agentrl.models import resolve_device
 from agentrl.trainer.batch import TrainBatch
-from agentrl.trainer.learner import Learner, make_optimizer
+from agentrl.trainer.learner import Learner, hf_name, make_optimizer
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 
 
@@ -113,7 +113,8 @@ class ShardedLearner(Learner):
         """Each full weight under its HF name, in turn (an all-gather of one tensor: every rank
         iterates); a tied name yields the tensor already gathered for its twin, so a relay stores
         it once. LoRA: each adapted weight is its base plus the gathered adapters' B·A·scale,
-        what the engines load (as `hf_weight_items` merges them on one learner)."""
+        what the engines load (as `hf_weight_items` merges them on one learner; peft's own
+        `get_delta_weight` cannot take the sharded adapters)."""
         tied = self._tied()
         twins: dict[str, Tensor] = {}
         state = self.model.state_dict()
@@ -121,7 +122,7 @@ class ShardedLearner(Learner):
             if ".lora_" in k:
                 continue
             if tied.get(k) in twins:
-                yield k.replace(".base_layer.", "."), twins[tied[k]]
+                yield hf_name(k), twins[tied[k]]
                 continue
             full = _gather(v)
             if ".base_layer." in k and k.endswith(".weight"):
@@ -131,14 +132,14 @@ class ShardedLearner(Learner):
                     state[f"{prefix}.lora_A.default.weight"]) * scale
             if k in tied.values():
                 twins[k] = full
-            yield k.replace(".base_layer.", "."), full
+            yield hf_name(k), full
 
     def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
         """(HF name, full shape, dtype, tied-to name) of each weight `weight_items` yields,
         without gathering any: what a relay lays its buffer out from before a streamed push."""
         tied = self._tied()
-        return [(k.replace(".base_layer.", "."), tuple(v.shape), str(v.dtype).removeprefix("torch."),
-                 tied[k].replace(".base_layer.", ".") if k in tied else None)
+        return [(hf_name(k), tuple(v.shape), str(v.dtype).removeprefix("torch."),
+                 hf_name(tied[k]) if k in tied else None)
                 for k, v in self.model.state_dict().items() if ".lora_" not in k]
 
     def training_state(self) -> dict[str, Any]:

@@ -94,19 +94,21 @@ def inject_lora(model: torch.nn.Module, lora: LoRAConfig, seed: int = 0) -> None
                                          lora_dropout=0.0))
 
 
+def hf_name(key: str) -> str:
+    """A state-dict key under the base model's (HF) name: peft's `X.base_layer.weight` is `X.weight`."""
+    return key.replace(".base_layer.", ".")
+
+
 def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(HF name, detached CPU tensor) of `model`'s weights; LoRA adapters are merged into their base
     weights (what engines load), otherwise the tensors are views of the live parameters."""
     for k, v in model.state_dict().items():
         if ".lora_" in k:
             continue
-        if ".base_layer." in k:
-            module = model.get_submodule(k.split(".base_layer.")[0])
-            k = k.replace(".base_layer.", ".")
-            if k.endswith(".weight"):
-                with torch.no_grad():
-                    v = v + module.get_delta_weight("default")
-        yield k, v.detach().to("cpu")
+        if ".base_layer." in k and k.endswith(".weight"):
+            with torch.no_grad():
+                v = v + model.get_submodule(k.split(".base_layer.")[0]).get_delta_weight("default")
+        yield hf_name(k), v.detach().to("cpu")
 
 
 def merged_lora_weights(model_path: str | Path, lora: LoRAConfig, adapter: dict[str, Tensor]) -> dict[str, Tensor]:
