@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.inference.base import SamplingParams
+from agentrl.inference.cast_head import cast_tied_head_once
 from agentrl.inference.hf import HFEngine
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
 from bench._common import emit, machine_info
@@ -69,6 +70,7 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     models = {impl: load_model(path, attn_implementation=impl) for impl in ("sdpa", "sdpa_gqa")}
     models["bf16"] = load_model(path)  # the engine under a bf16 trainer (engine.dtype: auto on AVX512-BF16/AMX)
     cast_for_autocast(models["bf16"], "bfloat16")
+    cast_tied_head_once(models["bf16"])
     variants = {"sdpa": ("sdpa", DynamicCache), "sdpa_gqa": ("sdpa_gqa", DynamicCache),
                 "sdpa_gqa+in_place_cache": ("sdpa_gqa", growing_cache),
                 "bf16+sdpa_gqa+in_place_cache": ("bf16", growing_cache)}

@@ -14,6 +14,7 @@ from agentrl.attention import grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
+from agentrl.inference.cast_head import CastOnceHead
 from agentrl.laminar.relay import Relay, layout
 from agentrl.models import autocast_weight_names, load_model, load_tokenizer, resolve_configured
 from agentrl.trainer.logprobs import token_logprobs
@@ -156,3 +157,39 @@ async def test_relay_stores_the_engine_precision_and_the_engine_shares_it(path, 
     finally:
         await engine.close()
         await relay.stop()
+
+
+async def test_the_tied_head_is_cast_once_per_weight_version_and_stays_bit_equal(path, prompts):
+    """The bf16 engine keeps its tied head's bf16 cast between steps (cast_head.py): logits equal
+    autocast's per-step cast to the bit, and a changed weight — in place (a learner step on shared
+    weights) or swapped by `load_weights` — is cast again, not served stale."""
+    engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
+    reference = load_model(path)  # transformers' own head, autocast casting it on every forward
+    ids = torch.tensor([prompts[2]])
+    head = engine.model.lm_head
+    try:
+        assert isinstance(head, CastOnceHead) and head.weight is engine.model.model.embed_tokens.weight
+
+        def both() -> tuple[torch.Tensor, torch.Tensor]:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                return token_logprobs(reference, ids), token_logprobs(engine.model, ids)
+
+        ref, got = both()
+        assert torch.equal(ref, got) and head.cast_bytes() == head.weight.numel() * 2
+        with torch.no_grad():  # an in-place write, as an optimizer step on weights the engine shares
+            for model in (reference, engine.model):
+                model.model.embed_tokens.weight.mul_(1.5)
+        ref2, got2 = both()
+        assert torch.equal(ref2, got2) and not torch.equal(got, got2)
+        state = {n: t.clone() for n, t in reference.state_dict().items()}
+        state["model.embed_tokens.weight"] /= 1.5
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]  # the clones untied them
+        await engine.load_weights(state, 1)
+        assert head.cast_bytes() == 0  # dropped with the old weights
+        with torch.no_grad():
+            reference.model.embed_tokens.weight.div_(1.5)
+        ref3, got3 = both()
+        assert torch.equal(ref3, got3) and torch.equal(got3, got)
+        assert await engine.release_weights() > 0 and head.cast_bytes() == 0
+    finally:
+        await engine.close()

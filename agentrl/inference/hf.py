@@ -37,6 +37,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.cast_head import cast_tied_head_once
 from agentrl.inference.kv_cache import growing_cache
 from agentrl.inference.sampling import processed_logprobs, sample_tokens
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, torch_dtype
@@ -110,6 +111,8 @@ class HFEngine:
         # 0.03, as an fp32 engine beside a bf16 trainer), which the trainer's ratios correct.
         self.autocast = autocast
         cast = cast_for_autocast(self.model, autocast) if autocast != "float32" else set()
+        # a head tied to the fp32 embedding is cast once per weight version, not per step (cast_head.py)
+        self._head = cast_tied_head_once(self.model) if cast else None
         # what a relay should store each weight as for this engine to share it (laminar/loop.py)
         self.weight_dtypes: dict[str, str] = dict.fromkeys(sorted(cast), autocast)
         self._new_cache = growing_cache if in_place_kv else (lambda config: DynamicCache(config=config))
@@ -148,7 +151,8 @@ class HFEngine:
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0,
                                           "heap_trims": 0, "heap_trim_s": 0.0}
-        track("engine_weights", self, lambda e: e.model.parameters(), views=True)  # bench/memory.py's phase marks
+        track("engine_weights", self, lambda e: [*e.model.parameters(), *e._head_casts()],
+              views=True)  # bench/memory.py's phase marks
         track("engine_kv", self, lambda e: e._kv_tensors())
 
     def _eos_ids(self) -> frozenset[int]:
@@ -212,7 +216,9 @@ class HFEngine:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
 
     def _release(self) -> int:
-        freed = 0
+        freed = sum(t.numel() * t.element_size() for t in self._head_casts())
+        if self._head is not None:
+            self._head.drop_cast()
         self._prefix.clear()
         for name, param in self.model.named_parameters(remove_duplicate=False):
             if name in self._borrowed or name in self._released:
@@ -250,6 +256,10 @@ class HFEngine:
         self._prefix.clear()
         self._executor.shutdown(wait=False)
         self._empty.set()  # a load_weights waiting for the drain must not hang
+
+    def _head_casts(self) -> list[torch.Tensor]:
+        cast = self._head._cast if self._head is not None else None
+        return [] if cast is None else [cast]
 
     def _kv_tensors(self) -> list[torch.Tensor]:
         """The KV tensors held now: the running batch's cache and the prefix store's entries."""
@@ -310,6 +320,8 @@ class HFEngine:
                     params[name].copy_(value)
                 self._released.discard(name)
         self._prefix.clear()  # the kept KV belongs to the old weights
+        if self._head is not None:
+            self._head.drop_cast()  # a new weight may sit at the old one's address
 
     # ------------------------------------------------------------------ scheduler
 
