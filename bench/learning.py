@@ -44,6 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, ROOT, emit, load_average, machine_info, utc_now
 
+from agentrl.evaluate import wilson_interval
+
 SYSTEMS = ("laminar", "sync", "trl")
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
@@ -189,6 +191,22 @@ def final_reward(points: list[Point], budget_s: float) -> float | None:
     late = [(r, m) for t, r, m in points if t > budget_s * 2 / 3]
     total = sum(m for _, m in late)
     return sum(r * m for r, m in late) / total if total else None
+
+
+def final_reward_ci95(points: list[Point], budget_s: float) -> list[float] | None:
+    """Wilson 95% interval of the final reward (0/1 rewards: the late batches' trajectories as
+    Bernoulli trials)."""
+    late = [(r, m) for t, r, m in points if t > budget_s * 2 / 3]
+    n = sum(m for _, m in late)
+    if not n:
+        return None
+    return [round(x, 4) for x in wilson_interval(round(sum(r * m for r, m in late)), n)]
+
+
+def steps_per_hour(points: list[Point], budget_s: float) -> float:
+    """Optimizer steps finished within the budget, per hour (a step in flight at the budget is
+    not counted: every system is cut at the same wall clock)."""
+    return round(sum(1 for t, _, _ in points if t <= budget_s) * 3600 / budget_s, 2)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -358,6 +376,19 @@ def plot(curves: dict[str, list[Point]], budget_s: float, path: Path) -> None:
     plt.close(fig)
 
 
+def versus_trl(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 17's figures: each agentrl backend's optimizer steps per hour over TRL's, and
+    whether its final reward is not below the lower end of TRL's 95% interval."""
+    trl = systems.get("trl")
+    if not trl or not trl["steps_per_hour"]:
+        return {}
+    ours = {n: r for n, r in systems.items() if n != "trl"}
+    low = (trl["reward_final_ci95"] or [None])[0]
+    return {"steps_per_hour_over_trl": {n: round(r["steps_per_hour"] / trl["steps_per_hour"], 2) for n, r in ours.items()},
+            "final_reward_not_below_trl_ci": {n: None if low is None or r["reward_final"] is None
+                                              else r["reward_final"] >= low for n, r in ours.items()}}
+
+
 def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, str], load_before: Any,
               png: Path | None) -> dict[str, Any]:
     finals = {name: final_reward(r["points"], s.budget_s) for name, r in runs.items()}
@@ -371,6 +402,8 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "first_step_s": pts[0][0] if pts else None, "wall_s": r.get("wall_s"),
             "reward_first_batch": pts[0][1] if pts else None,
             "reward_final": round(finals[name], 4) if finals[name] is not None else None,
+            "reward_final_ci95": final_reward_ci95(pts, s.budget_s),
+            "steps_per_hour": steps_per_hour(pts, s.budget_s),
             "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
             **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "step_s_mean", "trl_version",
@@ -378,7 +411,7 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
                 if r.get(k) is not None}),
         }
     return {
-        "bench": "learning", "time": utc_now(), "task": f"code procedural d{s.difficulty}, single turn",
+        "bench": "learning", "time": utc_now(), **versus_trl(systems), "task": f"code procedural d{s.difficulty}, single turn",
         "model": "smollm2-135m", "settings": asdict(s), "differences": DIFFERENCES,
         "level": level, "level_rule": "max(0.05, 0.5 x best final reward; final = batches in the last third)",
         "systems": systems, "errors": errors, "load_avg_before": load_before, "load_avg_after": load_average(),

@@ -46,6 +46,24 @@ def test_time_to_level_uses_trailing_mean() -> None:
     assert learning.final_reward(points, budget_s=4.5) == 1.0  # batches after 3 s
 
 
+def test_steps_per_hour_over_trl_counts_steps_within_the_budget_and_compares_finals() -> None:
+    budget = 900.0
+    ours = [(100.0, 0.5, 8), (400.0, 0.75, 8), (700.0, 1.0, 8), (899.0, 0.75, 8), (950.0, 1.0, 8)]
+    trl = [(300.0, 0.5, 8), (650.0, 0.625, 8), (890.0, 0.75, 8)]
+    assert learning.steps_per_hour(ours, budget) == 16.0  # 4 finished by 900 s; the one at 950 s is not counted
+    assert learning.steps_per_hour(trl, budget) == 12.0
+    lo, hi = learning.final_reward_ci95(trl, budget)  # batches after 600 s: 11 of 16 trajectories
+    assert lo < 11 / 16 < hi
+    systems = {name: {"steps_per_hour": learning.steps_per_hour(p, budget),
+                      "reward_final": learning.final_reward(p, budget),
+                      "reward_final_ci95": learning.final_reward_ci95(p, budget)}
+               for name, p in (("laminar", ours), ("trl", trl), ("sync", [(890.0, 0.0, 8)]))}
+    got = learning.versus_trl(systems)
+    assert got["steps_per_hour_over_trl"] == {"laminar": 1.33, "sync": 0.33}
+    assert got["final_reward_not_below_trl_ci"] == {"laminar": True, "sync": False}
+    assert learning.versus_trl({k: v for k, v in systems.items() if k != "trl"}) == {}
+
+
 def test_prompt_is_the_code_task_stub() -> None:
     task = learning.bench_tasks(learning.Settings(num_tasks=3))[0]
     system, user = learning.prompt_messages(task)
