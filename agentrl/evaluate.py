@@ -5,6 +5,7 @@ mean turns, tokens and tool calls (design §10). No training; the same rollout e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -171,8 +172,9 @@ class HeldOutEvaluator:
     def task_ids(self) -> set[str]:
         return {str(t.get("id", "")) for t in self.tasks}
 
-    async def run(self, learner: Any, phase: str, step: int) -> dict[str, Any]:
-        """Evaluate the learner's current weights; `phase` is base, warm_start, step or final."""
+    async def run(self, learner: Any, phase: str, step: int, alone: bool = False) -> dict[str, Any]:
+        """Evaluate the learner's current weights; `phase` is base, warm_start, step or final.
+        `alone`: nothing else computes meanwhile, so an hf engine decodes on every core."""
         import time
 
         t0 = time.perf_counter()
@@ -187,9 +189,11 @@ class HeldOutEvaluator:
         trim_heap()  # the first time, the engine's own weights were just freed
         trajs: list[Trajectory] = []
         status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
-        async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
-            trajs.append(traj)
-            status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks)} episodes"
+        cores = getattr(self.engine, "all_cores", None) if alone else None
+        with cores() if cores is not None else contextlib.nullcontext():
+            async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
+                trajs.append(traj)
+                status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks)} episodes"
         res = summarize_trajectories(trajs)
         rec = {"phase": phase, "step": step, "version": learner.version, "split": self.cfg.eval.split,
                "heldout_n": res.n, "heldout_success": res.success_rate, "heldout_ci_low": res.ci_low,
@@ -272,7 +276,9 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             concurrency=cfg.eval.concurrency or cfg.rollout.concurrency,
             trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
             max_context_tokens=cfg.rollout.max_context_tokens)
-        groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
+        cores = getattr(engine, "all_cores", None)  # the only work in this process: every core decodes
+        with cores() if cores is not None else contextlib.nullcontext():
+            groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
         return [t for g in groups for t in g.trajectories]
     finally:
         await pool.close()

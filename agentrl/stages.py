@@ -93,7 +93,8 @@ class Stages:
         from agentrl.evaluate import heldout_line
 
         with phase_mark("eval"):
-            rec = await self.evaluator.run(self.learner, phase, step)
+            # Only an evaluation between RL steps may share the cores with rollouts still running.
+            rec = await self.evaluator.run(self.learner, phase, step, alone=phase != "step")
             # Its kept KV, and the weights it holds of its own (bf16 casts of the learner's), would
             # sit idle until the next evaluation, through the learner's steps.
             freed = 0

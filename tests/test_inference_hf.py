@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -188,6 +189,24 @@ async def test_engine_leaves_the_process_thread_count_alone(model_path, prompts)
     finally:
         await eng.close()
         torch.set_num_threads(before)
+
+
+async def test_all_cores_decodes_on_every_core_for_the_block_only(model_path, prompts):
+    """Generation that runs alone (an evaluation between training stages) takes every core; the
+    engine's own count comes back after, and the process's pool is never touched."""
+    eng = HFEngine(model_path, num_threads=1)
+    seen: list[int] = []
+    eng.model.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    try:
+        with eng.all_cores():
+            await eng.generate(prompts[0], SamplingParams(max_tokens=2))
+        alone, seen[:] = set(seen), []
+        await eng.generate(prompts[1], SamplingParams(max_tokens=2))
+        assert alone == {os.cpu_count()} and set(seen) == {1} and eng.num_threads == 1
+        assert torch.get_num_threads() == threads
+    finally:
+        await eng.close()
 
 
 async def test_stop_string_ends_generation_and_logprobs_still_match(engine, prompts):

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentrl import ToolEnv
 from agentrl.config import load_config
@@ -66,19 +68,25 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
         "trainer.micro_batch_size=4", "run.quiet=true"])
     learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
     saved = []
+    threads: list[int] = []  # the evaluation engine's torch threads, per forward
 
     async def run() -> Stages:
         stages = await Stages.start(cfg, tmp_path, learner, EchoEnv, EchoEnv().tasks("train"))
         try:
             assert not stages.evaluator.task_ids & {t.task_id for t in stages.warm_data}  # train split only
+            stages.eval_engine.model.register_forward_pre_hook(lambda *_: threads.append(torch.get_num_threads()))
             await stages.before_rl(saved.append)
             summary = await stages.finish(step_done=0)  # the final evaluation, paired with the warm start's
+            alone = set(threads)
+            threads.clear()
+            await stages.evaluate("step", 1)  # between RL steps rollouts may still run: the engine's own count
+            assert alone == {os.cpu_count()} and set(threads) == {stages.eval_engine.num_threads}
         finally:
             await stages.close()
         return stages, summary
 
     stages, summary = asyncio.run(run())
-    base, warm, final = stages.evaluator.records
+    base, warm, final, _ = stages.evaluator.records
     assert (base["phase"], warm["phase"], final["phase"]) == ("base", "warm_start", "final")
     # per-task outcomes, and RL's gain (none here: no RL step) paired over the same tasks
     assert set(warm["heldout_outcomes"]) == stages.evaluator.task_ids == set(final["heldout_outcomes"])
@@ -100,4 +108,4 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     assert learner.version == 1 and (base["version"], warm["version"]) == (0, 1)
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 8 demos × 3 epochs / 4
-    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 3
+    assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 4

@@ -26,6 +26,7 @@ import logging
 import os
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,6 +228,17 @@ class HFEngine:
             param.data = param.data.new_empty(0)
             self._released.add(name)
         return freed
+
+    @contextlib.contextmanager
+    def all_cores(self) -> Iterator[None]:
+        """Forward passes on every core while the block runs: for generation that runs alone (the
+        held-out evaluations before, between and after the training stages), where the cores the
+        default leaves to a learner would idle. Read at each step, so it applies from the next one."""
+        previous, self.num_threads = self.num_threads, max(self.num_threads, os.cpu_count() or 1)
+        try:
+            yield
+        finally:
+            self.num_threads = previous
 
     async def reset_prefix_cache(self) -> None:
         """Forget every kept prefix (as vLLM's reset_prefix_cache): benchmarks that replay the
