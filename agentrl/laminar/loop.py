@@ -278,10 +278,28 @@ async def _buffer_version(system: LaminarSystem) -> int:
     return int((await system.buffer.stats())["version"])
 
 
+def generating_alone(system: LaminarSystem) -> contextlib.ExitStack:
+    """On `sync` generation and training take turns (nothing is generated during an update), so
+    a lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the whole
+    run (several would share the cores with each other)."""
+    stack = contextlib.ExitStack()
+    if system.backend == "sync" and len(system.engines) == 1 and hasattr(system.engines[0], "all_cores"):
+        stack.enter_context(system.engines[0].all_cores())
+    return stack
+
+
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                 on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
                 dynamic_sampling: bool = False, max_gen_batches: int = 10) -> dict[str, Any]:
     """Run `steps` global-batch updates; returns the run summary (see `summarize`)."""
+    with generating_alone(system):
+        return await _train(system, learner, steps, batch_groups, on_step, wait_timeout_s=wait_timeout_s,
+                            dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches)
+
+
+async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
+                 on_step: StepCallback | None, *, wait_timeout_s: float, dynamic_sampling: bool,
+                 max_gen_batches: int) -> dict[str, Any]:
     backend = system.backend
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")

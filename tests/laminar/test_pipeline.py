@@ -2,6 +2,7 @@
 engine and a fake learner (logic tests; test_integration.py uses the real model and learner)."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -106,9 +107,31 @@ async def test_fault_worker_killed_mid_run(tokenizer):
     assert survivor["restarted"] == summary["restarted"]
 
 
+def _record_all_cores(engine) -> list[bool]:
+    """Give a fake engine `all_cores` (as HFEngine has); returns, per generate call, whether it ran inside."""
+    inside, calls = [False], []
+
+    @contextlib.contextmanager
+    def all_cores():
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    real = engine.generate
+
+    async def generate(*args, **kwargs):
+        calls.append(inside[0])
+        return await real(*args, **kwargs)
+
+    engine.all_cores, engine.generate = all_cores, generate
+    return calls
+
+
 @pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
 async def test_baselines(tokenizer, backend, max_stale):
-    _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05))
+    _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
+                                             n_workers=1)
+    generated_alone = _record_all_cores(engines[0])
     learner = FakeLearner()
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=4, batch_groups=2), 60)
@@ -123,6 +146,8 @@ async def test_baselines(tokenizer, backend, max_stale):
     # stop the world: after each update every engine runs the new version before new work
     for e in engines:
         assert [v for v, _ in e.loaded] == list(range(1, len(e.loaded) + 1))
+    # sync takes turns, so its lone engine decodes on every core; one-step-off overlaps the update
+    assert generated_alone and set(generated_alone) == {backend == "sync"}
 
 
 def test_run_training_entry_point(tokenizer):
