@@ -34,9 +34,10 @@ def test_memory_bench_prints_the_peak_of_a_real_run() -> None:
     # the relay holds a whole copy, in the engines' precision: fp32 (W), or under a bf16 trainer
     # the linear weights in bf16 (0.61 W for this model; tests/test_engine_precision.py)
     assert abs(measured["learner_weights"] - weights) < 0.01 and measured["relay_buffers"] > 0.55 * weights
-    # the rollout engine never holds weights of its own: it runs on the learner's parameters until
-    # the first push, then on the relay's snapshot
-    assert measured["engine_weights"] < 0.01
+    # the rollout engine holds no weights of its own (it runs on the learner's parameters until the
+    # first push, then on the relay's snapshot) but, under bf16, the cast of its tied LM head:
+    # 49152 x 576 in bf16 = 0.053 GiB (agentrl/inference/cast_head.py)
+    assert measured["engine_weights"] < 0.06
 
 
 @pytest.mark.parametrize("timeout", [600, 3])
