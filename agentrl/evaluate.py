@@ -178,6 +178,7 @@ class HeldOutEvaluator:
         import time
 
         t0 = time.perf_counter()
+        from agentrl.inference.base import all_cores
         from agentrl.laminar.loop import weight_views
         from agentrl.progress import status
         from agentrl.run import is_success
@@ -189,8 +190,7 @@ class HeldOutEvaluator:
         trim_heap()  # the first time, the engine's own weights were just freed
         trajs: list[Trajectory] = []
         status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
-        cores = getattr(self.engine, "all_cores", None) if alone else None
-        with cores() if cores is not None else contextlib.nullcontext():
+        with all_cores(self.engine) if alone else contextlib.nullcontext():
             async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
                 trajs.append(traj)
                 status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks)} episodes"
@@ -241,7 +241,7 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
 async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
                    ) -> list[Trajectory]:
     from agentrl.inference import make_engine
-    from agentrl.inference.base import SamplingParams
+    from agentrl.inference.base import SamplingParams, all_cores
     from agentrl.models import load_tokenizer, resolve_configured
     from agentrl.rollout.engine import RolloutEngine
     from agentrl.run import make_env
@@ -276,8 +276,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             concurrency=cfg.eval.concurrency or cfg.rollout.concurrency,
             trajectory_timeout_s=cfg.rollout.trajectory_timeout_s,
             max_context_tokens=cfg.rollout.max_context_tokens)
-        cores = getattr(engine, "all_cores", None)  # the only work in this process: every core decodes
-        with cores() if cores is not None else contextlib.nullcontext():
+        with all_cores(engine):  # the only work in this process: every core decodes
             groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
         return [t for g in groups for t in g.trajectories]
     finally:

@@ -186,21 +186,23 @@ def time_to_level(points: list[Point], level: float, window: int = 3) -> float |
     return next((round(t, 1) for t, r in trailing_means(points, window) if r >= level), None)
 
 
+def _late(points: list[Point], budget_s: float) -> tuple[float, int]:
+    """(Σ reward × trajectories, trajectories) of the batches in the last third of the budget."""
+    late = [(r, m) for t, r, m in points if t > budget_s * 2 / 3]
+    return sum(r * m for r, m in late), sum(m for _, m in late)
+
+
 def final_reward(points: list[Point], budget_s: float) -> float | None:
     """Mean reward of the batches in the last third of the budget."""
-    late = [(r, m) for t, r, m in points if t > budget_s * 2 / 3]
-    total = sum(m for _, m in late)
-    return sum(r * m for r, m in late) / total if total else None
+    reward, n = _late(points, budget_s)
+    return reward / n if n else None
 
 
 def final_reward_ci95(points: list[Point], budget_s: float) -> list[float] | None:
     """Wilson 95% interval of the final reward (0/1 rewards: the late batches' trajectories as
     Bernoulli trials)."""
-    late = [(r, m) for t, r, m in points if t > budget_s * 2 / 3]
-    n = sum(m for _, m in late)
-    if not n:
-        return None
-    return [round(x, 4) for x in wilson_interval(round(sum(r * m for r, m in late)), n)]
+    reward, n = _late(points, budget_s)
+    return [round(x, 4) for x in wilson_interval(round(reward), n)] if n else None
 
 
 def steps_per_hour(points: list[Point], budget_s: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,13 @@ class InferenceEngine(Protocol):
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+def all_cores(engine: Any) -> contextlib.AbstractContextManager[Any]:
+    """The engine's `all_cores()` (decode on every core while nothing else computes; the hf
+    engine has it), or a no-op for engines whose threads are not ours to set."""
+    cores = getattr(engine, "all_cores", None)
+    return cores() if cores is not None else contextlib.nullcontext()
 
 
 def eos_token_ids(model_path: str | Path | None, tokenizer: Any) -> frozenset[int]:

@@ -217,8 +217,9 @@ class HFEngine:
             return await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
 
     def _release(self) -> int:
-        freed = sum(t.numel() * t.element_size() for t in self._head_casts())
+        freed = 0
         if self._head is not None:
+            freed = self._head.cast_bytes()
             self._head.drop_cast()
         self._prefix.clear()
         for name, param in self.model.named_parameters(remove_duplicate=False):

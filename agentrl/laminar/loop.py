@@ -26,7 +26,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.heap import mapped_tensors, mark_phase, phase, trim_heap
-from agentrl.inference.base import InferenceEngine, SamplingParams
+from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
@@ -278,14 +278,13 @@ async def _buffer_version(system: LaminarSystem) -> int:
     return int((await system.buffer.stats())["version"])
 
 
-def generating_alone(system: LaminarSystem) -> contextlib.ExitStack:
+def generating_alone(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
     """On `sync` generation and training take turns (nothing is generated during an update), so
     a lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the whole
     run (several would share the cores with each other)."""
-    stack = contextlib.ExitStack()
-    if system.backend == "sync" and len(system.engines) == 1 and hasattr(system.engines[0], "all_cores"):
-        stack.enter_context(system.engines[0].all_cores())
-    return stack
+    if system.backend == "sync" and len(system.engines) == 1:
+        return all_cores(system.engines[0])
+    return contextlib.nullcontext()
 
 
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
