@@ -1,5 +1,6 @@
 """The `agentrl` command: help, dry runs, and bad input stopping before any work (exit 2)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,17 @@ def test_bad_input_stops_before_work(args: list[str], message: str, tmp_path: Pa
     assert out.returncode == 2, out.stderr
     assert message in out.stderr
     assert not any(tmp_path.iterdir())  # no run directory was created
+
+
+def test_eval_scores_the_embedded_model_on_held_out_tasks() -> None:
+    """The README's `agentrl eval --env NAME --n N`: the real embedded model, real episodes of the
+    search env, one JSON line of figures."""
+    out = run("eval", "--env", "search", "--n", "2", "sampling.max_tokens=16", "env.max_turns=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "success rate" in out.stdout and "valid-call rate" in out.stdout
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["n"] == 2 and 0 <= figures["success_rate"] <= 1 and figures["errors"] == 0
+    assert 1 <= figures["turns_mean"] <= 2 and 0 < figures["tokens_mean"] <= 2 * 16
 
 
 def test_envs_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
