@@ -135,3 +135,22 @@ def test_chunked_head_matches_one_chunk_and_skips_unasked_stats(tiny_model, monk
     lean, _ = run(3, entropy=False, sum_pi_sq=False)
     assert lean.entropy is None and lean.sum_pi_sq is None
     torch.testing.assert_close(lean.logprobs, whole.logprobs, atol=1e-6, rtol=0)
+
+
+def test_right_padding_runs_causal_without_a_mask_and_other_masks_are_kept(tiny_model) -> None:
+    """A right-padded batch reaches the model with no mask (torch's causal attention then skips the
+    blocks above the diagonal); a mask with a hole or left padding still reaches it, and either way
+    the log-probs of real tokens equal each sequence scored alone."""
+    from agentrl.trainer.logprobs import causal_mask_only
+
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])
+    left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    assert causal_mask_only(right) is None and causal_mask_only(None) is None
+    assert causal_mask_only(left) is left
+    torch.manual_seed(2)
+    a, b = torch.randint(0, VOCAB, (4,)).tolist(), torch.randint(0, VOCAB, (2,)).tolist()
+    ids = torch.tensor([a, [0, 0] + b])
+    with torch.no_grad():
+        out = token_logprobs(tiny_model, ids, left)
+    torch.testing.assert_close(out[0], torch.tensor(_reference(tiny_model, a, 1.0)), atol=1e-5, rtol=0)
+    assert out[1, 3].item() == pytest.approx(_reference(tiny_model, b, 1.0)[1], abs=1e-5)
