@@ -23,7 +23,7 @@ from torch import Tensor
 from agentrl.config import Config, ConfigError, WarmStartConfig
 from agentrl.demos import DemonstrationError, collect_demonstrations, trajectories_from_jsonl
 from agentrl.heap import mapped_tensors
-from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
+from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import token_logprobs_and_stats
 from agentrl.types import Task, Trajectory
@@ -105,12 +105,12 @@ def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,
                 t0 = time.perf_counter()
                 step = batch.select(chunk)
                 n_policy = float(step.loss_mask.sum())
-                slices = micro_slices(step.attention_mask.sum(-1).tolist(), micro, learner.cfg.micro_batch_tokens)
-                mine = slices[rank::world]
+                passes = micro_batches(step.attention_mask.sum(-1).tolist(), micro, learner.cfg.micro_batch_tokens)
+                mine = passes[rank::world]
                 total = 0.0
-                for i in range(-(-len(slices) // world)):
+                for i in range(-(-len(passes) // world)):
                     real = i < len(mine)
-                    mb = learner._trim(step.select(mine[i] if real else slices[0]))  # drop padding columns
+                    mb = learner._trim(step.select(mine[i] if real else passes[0]))  # drop padding columns
                     loss = sft_loss(_policy_logprobs(learner, mb).float().cpu(), mb.loss_mask, n_policy)
                     # FSDP averages gradients over ranks; the divisor already counts the whole step
                     (loss * (world if real else 0.0)).backward()

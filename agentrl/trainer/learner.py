@@ -41,7 +41,7 @@ from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
 from agentrl.heap import track
 from agentrl.models import autocast_dtype
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
-from agentrl.trainer.batch import TrainBatch, build_batch, micro_slices
+from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 from agentrl.trainer.losses import (
     Denominators,
@@ -245,9 +245,9 @@ class Learner:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+    def _micro_batches(self, batch: TrainBatch) -> list[Tensor]:
         lengths = batch.attention_mask.sum(-1).tolist()
-        return micro_slices(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        return micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
     @staticmethod
     def _trim(batch: TrainBatch) -> TrainBatch:
@@ -283,13 +283,13 @@ class Learner:
         out = [torch.zeros(shape) if want else None for want in (True, entropy, sum_pi_sq)]
         was_training = model.training
         model.eval()
-        for sl in self._micro_slices(batch):
-            mb = self._trim(batch.select(sl))
+        for rows in self._micro_batches(batch):
+            mb = self._trim(batch.select(rows))
             stats = self._forward(model, mb, entropy, sum_pi_sq)
             w = mb.input_ids.shape[1]
             for o, x in zip(out, (stats.logprobs, stats.entropy, stats.sum_pi_sq)):
                 if o is not None and x is not None:
-                    o[sl, :w] = x.cpu()
+                    o[rows, :w] = x.cpu()
         model.train(was_training)
         return out[0], out[1], out[2]
 
@@ -439,14 +439,14 @@ class Learner:
         `entropy_out`: the per-token entropy is computed and written there."""
         cfg = self.cfg
         out = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0)
-        slices = self._micro_slices(mb)
-        mine = slices[self.rank::self.world]  # data parallel: this rank's micro-batches
-        for i in range(-(-len(slices) // self.world)):  # as many forwards on every rank (FSDP collectives)
+        passes = self._micro_batches(mb)
+        mine = passes[self.rank::self.world]  # data parallel: this rank's micro-batches
+        for i in range(-(-len(passes) // self.world)):  # as many forwards on every rank (FSDP collectives)
             real = i < len(mine)
-            sl = mine[i] if real else slices[0]  # a rank with none left runs a zero-weighted one
-            micro = self._trim(mb.select(sl))
+            rows = mine[i] if real else passes[0]  # a rank with none left runs a zero-weighted one
+            micro = self._trim(mb.select(rows))
             w = micro.input_ids.shape[1]
-            m_train, m_norm, m_old = train_mask[sl, :w], norm_mask[sl, :w], old[sl, :w]
+            m_train, m_norm, m_old = train_mask[rows, :w], norm_mask[rows, :w], old[rows, :w]
             if m_train.sum() == 0 and cfg.kl_coef == 0 and self.world == 1:
                 continue  # contributes exactly nothing; skip the forward
             stats = self._forward(self.model, micro, entropy=entropy_out is not None, sum_pi_sq=False)
@@ -454,14 +454,14 @@ class Learner:
             if lean:
                 m_old = logp.detach()
                 if real:
-                    old[sl, :w] = m_old
+                    old[rows, :w] = m_old
             if entropy_out is not None and stats.entropy is not None and real:
-                entropy_out[sl, :w] = stats.entropy.cpu()
+                entropy_out[rows, :w] = stats.entropy.cpu()
             per_tok, clipped = self._token_loss(logp, m_old, micro.behaviour_logprobs, micro.advantages, m_train)
             pg = aggregate_loss(per_tok, m_train, cfg.loss_agg, m_norm, denom)
             loss = pg
             if ref is not None:
-                kl = aggregate_loss(k3_kl(logp, ref[sl, :w]), m_train, cfg.loss_agg, m_norm, denom)
+                kl = aggregate_loss(k3_kl(logp, ref[rows, :w]), m_train, cfg.loss_agg, m_norm, denom)
                 loss = loss + cfg.kl_coef * kl
             # FSDP averages gradients over ranks; the divisors already count the whole mini-batch.
             (loss * (self.world if real else 0.0)).backward()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl.trainer.advantages import supo_advantages
-from agentrl.trainer.batch import build_batch, micro_slices
+from agentrl.trainer.batch import build_batch, micro_batches
 from agentrl.types import Status
 
 from .helpers import segment, trajectory
@@ -64,13 +64,15 @@ def test_bad_inputs_named():
         build_batch([bad], torch.ones(1), torch.zeros(1, dtype=torch.long))
 
 
-def test_micro_slices_cap_rows_and_padded_tokens():
-    spans = lambda sl: [(s.start, s.stop) for s in sl]  # noqa: E731
-    assert spans(micro_slices([5, 5, 5, 5, 5], max_rows=2)) == [(0, 2), (2, 4), (4, 5)]
-    # 12 padded tokens at most: [3, 4, 4] is 12; adding 6 would make 4 × 6 = 24
-    assert spans(micro_slices([3, 4, 4, 6, 2, 1], max_rows=8, max_tokens=12)) == [(0, 3), (3, 5), (5, 6)]
+def test_micro_batches_group_rows_of_like_length_and_cap_rows_and_padded_tokens():
+    rows = lambda passes: [p.tolist() for p in passes]  # noqa: E731
+    assert rows(micro_batches([5, 5, 5, 5, 5], max_rows=2)) == [[0, 1], [2, 3], [4]]
+    # longest first, at most 12 padded tokens a pass: 6 4 | 4 3 2 | 1
+    assert rows(micro_batches([3, 4, 4, 6, 2, 1], max_rows=8, max_tokens=12)) == [[3, 1], [2, 0, 4], [5]]
+    # rows of like length share a pass: in pairs [6, 1, 6, 1] computes 6 6 | 1 1 (14 padded tokens), not 24
+    assert rows(micro_batches([6, 1, 6, 1], max_rows=2)) == [[0, 2], [1, 3]]
     # a row longer than the budget goes alone, and so does the next when it does not fit beside it
-    assert spans(micro_slices([20, 3, 3], max_rows=4, max_tokens=10)) == [(0, 1), (1, 3)]
-    assert micro_slices([], max_rows=4, max_tokens=10) == []
+    assert rows(micro_batches([20, 3, 3], max_rows=4, max_tokens=10)) == [[0], [1, 2]]
+    assert micro_batches([], max_rows=4, max_tokens=10) == []
     with pytest.raises(ValueError, match="max_rows"):
-        micro_slices([1], max_rows=0)
+        micro_batches([1], max_rows=0)
