@@ -320,7 +320,8 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         # The cursors to resume from (taken before the next batch is released: on `sync` they
         # point exactly past this batch; on `laminar` the groups in flight now are skipped).
         resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.state_dict()}
-        if backend == "global-async":  # generation of the next batch overlaps this update
+        if backend == "global-async" and step < steps - 1:  # the next batch overlaps this update
+            # (not after the last: a batch nobody trains on would take cores from the final update)
             await system.prompts.allow(batch_groups, min_version=v)
         t1 = time.perf_counter()
         metrics = await asyncio.to_thread(_learn, learner, groups)

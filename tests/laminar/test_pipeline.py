@@ -148,6 +148,8 @@ async def test_baselines(tokenizer, backend, max_stale):
         assert [v for v, _ in e.loaded] == list(range(1, len(e.loaded) + 1))
     # sync takes turns, so its lone engine decodes on every core; one-step-off overlaps the update
     assert generated_alone and set(generated_alone) == {backend == "sync"}
+    # nothing is generated past the last step: every group written was trained on
+    assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 4 * 2
 
 
 def test_run_training_entry_point(tokenizer):
