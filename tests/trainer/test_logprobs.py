@@ -149,7 +149,7 @@ def test_right_padding_runs_causal_without_a_mask_and_other_masks_are_kept(tiny_
     assert causal_mask_only(left) is left
     torch.manual_seed(2)
     a, b = torch.randint(0, VOCAB, (4,)).tolist(), torch.randint(0, VOCAB, (2,)).tolist()
-    ids = torch.tensor([a, [0, 0] + b])
+    ids = torch.tensor([a, [0, 0, *b]])
     with torch.no_grad():
         out = token_logprobs(tiny_model, ids, left)
     torch.testing.assert_close(out[0], torch.tensor(_reference(tiny_model, a, 1.0)), atol=1e-5, rtol=0)
