@@ -86,8 +86,9 @@ def mapped_tensors(threshold: int = LEARNER_MMAP_THRESHOLD) -> Iterator[None]:
     heap and fragment it (the default swe run's warm start peaked at 5.31 GB without this block,
     4.42 GB with it — docs/benchmarks.md, Memory). Not for the engines: a decode step's fresh
     mappings fault their pages in each time (an evaluation took 1.6x as long with the threshold
-    fixed for the whole run). After the block the threshold stays fixed where glibc's own would
-    have slid to."""
+    fixed for the whole run), and the threshold is the whole process's, so not while an engine
+    decodes in another thread either. After the block the threshold stays fixed where glibc's
+    own would have slid to."""
     if not set_mmap_threshold(threshold):  # not glibc: nothing to tune
         yield
         return

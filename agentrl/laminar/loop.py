@@ -167,8 +167,11 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
         await asyncio.sleep(poll_s)
 
 
-def _learn(learner: Any, groups: list[Group]) -> dict[str, float]:
-    with phase("learner_step"), mapped_tensors():
+def _learn(learner: Any, groups: list[Group], mapped: bool) -> dict[str, float]:
+    """One learner step; `mapped`: under `heap.mapped_tensors`, which is process-wide, so only
+    when no in-process engine decodes meanwhile (its per-step tensors would be mapped and faulted
+    in fresh as well: a search step on global-async spent 25 s in the kernel, learn_s 49 → 65 s)."""
+    with phase("learner_step"), mapped_tensors() if mapped else contextlib.nullcontext():
         metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
@@ -324,7 +327,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
             # (not after the last: a batch nobody trains on would take cores from the final update)
             await system.prompts.allow(batch_groups, min_version=v)
         t1 = time.perf_counter()
-        metrics = await asyncio.to_thread(_learn, learner, groups)
+        metrics = await asyncio.to_thread(_learn, learner, groups, backend == "sync" or not system.engines)
         learn_s = time.perf_counter() - t1
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version

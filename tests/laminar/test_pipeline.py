@@ -128,10 +128,12 @@ def _record_all_cores(engine) -> list[bool]:
 
 
 @pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
-async def test_baselines(tokenizer, backend, max_stale):
+async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
                                              n_workers=1)
     generated_alone = _record_all_cores(engines[0])
+    mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
+    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda: mapped_steps.append(1) or contextlib.nullcontext())
     learner = FakeLearner()
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=4, batch_groups=2), 60)
@@ -150,6 +152,7 @@ async def test_baselines(tokenizer, backend, max_stale):
     assert generated_alone and set(generated_alone) == {backend == "sync"}
     # nothing is generated past the last step: every group written was trained on
     assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 4 * 2
+    assert len(mapped_steps) == (4 if backend == "sync" else 0)
 
 
 def test_run_training_entry_point(tokenizer):
