@@ -134,6 +134,10 @@ class WarmStartConfig:
     epochs: int = 2
     lr: float = 5.0e-5
     batch_size: int = 8  # sequences per optimizer step
+    # glibc's mmap threshold during the steps (heap.mapped_tensors): tensors this large get their own
+    # mapping, freed at once (a lower peak) but faulted in fresh (slower). search's 2-step warm start:
+    # 0.125 MiB 66-72 s / 2.90 GB peak, 16 MiB 45 s / 4.30 GB (docs/benchmarks.md, stop 33)
+    mmap_threshold_mb: float = 0.125
 
 
 @dataclass
@@ -473,6 +477,7 @@ def validate(cfg: Config) -> None:
          and cfg.trainer.warm_start.tasks >= 1 and cfg.trainer.warm_start.per_task >= 1,
          "trainer.warm_start.epochs, batch_size, tasks and per_task must be >= 1"),
         (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
+        (cfg.trainer.warm_start.mmap_threshold_mb > 0, "trainer.warm_start.mmap_threshold_mb must be > 0 (MiB)"),
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
         (cfg.eval.concurrency is None or cfg.eval.concurrency >= 1,
          "eval.concurrency must be >= 1 (or null: rollout.concurrency)"),

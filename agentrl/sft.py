@@ -59,7 +59,8 @@ def sft_train(learner: Any, trajectories: Sequence[Trajectory], ws: WarmStartCon
              else sft_steps(learner, batch, ws, micro_batch_size))
     rows: list[dict[str, Any]] = []
     try:
-        with mapped_tensors():  # the steps' activations and gradients do not fragment the heap
+        # the steps' activations and gradients do not fragment the heap (at ws.mmap_threshold_mb and up)
+        with mapped_tensors(int(ws.mmap_threshold_mb * 2**20)):
             for row in steps:
                 rows.append(row)
                 if on_step is not None:

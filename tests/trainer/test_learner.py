@@ -298,6 +298,22 @@ def test_the_warm_start_forward_runs_under_trainer_dtype_like_the_rl_forward(dty
     assert seen and set(seen) == {None if dtype == "float32" else torch.bfloat16}
 
 
+
+def test_the_warm_start_maps_its_tensors_at_the_configured_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from agentrl.config import WarmStartConfig
+    from agentrl.sft import sft_train
+
+    thresholds: list[int] = []
+    monkeypatch.setattr("agentrl.sft.mapped_tensors",
+                        lambda threshold: thresholds.append(threshold) or contextlib.nullcontext())
+    learner = Learner(tiny_llama(0), TrainerConfig())
+    trajs = [t for g in random_groups(1, 2, VOCAB) for t in g.trajectories]
+    sft_train(learner, trajs, WarmStartConfig(epochs=1, batch_size=2, mmap_threshold_mb=16))
+    assert thresholds == [16 << 20]
+
+
 @pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [(True, False, "bfloat16"), (False, True, "bfloat16"),
                                                               (False, False, "float32")])
 def test_auto_dtype_is_bf16_only_where_the_cpu_multiplies_it_natively(monkeypatch: pytest.MonkeyPatch,
