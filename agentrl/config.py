@@ -136,7 +136,7 @@ class WarmStartConfig:
     batch_size: int = 8  # sequences per optimizer step
     # glibc's mmap threshold during the steps (heap.mapped_tensors): tensors this large get their own
     # mapping, freed at once (a lower peak) but faulted in fresh (slower). search's 2-step warm start:
-    # 0.125 MiB 66-72 s / 2.90 GB peak, 16 MiB 45 s / 4.30 GB (docs/benchmarks.md, stop 33)
+    # 0.125 MiB 66-72 s / 2.90 GB peak, 16 MiB 45.5 s / 3.99 GB (docs/benchmarks.md, stop 33)
     mmap_threshold_mb: float = 0.125
 
 

@@ -298,7 +298,6 @@ def test_the_warm_start_forward_runs_under_trainer_dtype_like_the_rl_forward(dty
     assert seen and set(seen) == {None if dtype == "float32" else torch.bfloat16}
 
 
-
 def test_the_warm_start_maps_its_tensors_at_the_configured_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextlib
 
