@@ -172,12 +172,15 @@ def run_mode(env: str, overrides: list[str], timeout_s: float, command: str | No
     if command is not None:
         rec = peak_tree_rss(["bash", "-c", command], Path.cwd(), timeout_s)
         return {"mode": "command", "command": command, "cwd": str(Path.cwd()), **rec}
-    run_dir = tempfile.mkdtemp(prefix="agentrl-mem-")
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", env, "--quiet", f"run.dir={run_dir}", *overrides]
-    marks_file = Path(run_dir) / "phases.jsonl"
-    samples: list[tuple[float, int]] = []
-    rec = peak_tree_rss(cmd, ROOT, timeout_s, env={**os.environ, PHASE_LOG_ENV: str(marks_file)}, samples=samples)
-    marks = [json.loads(line) for line in marks_file.read_text().splitlines()] if marks_file.exists() else []
+    # The run's checkpoints (~0.5 GB each) go with it: a benchmark leaves nothing on disk.
+    with tempfile.TemporaryDirectory(prefix="agentrl-mem-") as run_dir:
+        cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", env, "--quiet", f"run.dir={run_dir}",
+               *overrides]
+        marks_file = Path(run_dir) / "phases.jsonl"
+        samples: list[tuple[float, int]] = []
+        rec = peak_tree_rss(cmd, ROOT, timeout_s, env={**os.environ, PHASE_LOG_ENV: str(marks_file)},
+                            samples=samples)
+        marks = [json.loads(line) for line in marks_file.read_text().splitlines()] if marks_file.exists() else []
     rec.update(phase_timeline(samples, marks, timeline_path))
     n = param_count("smollm2-135m")
     w = n * 4 / GB  # fp32

@@ -33,7 +33,7 @@ def test_dockerfile_builds_from_base_image_and_runs_help(tmp_path: Path) -> None
     ca = Path(os.environ.get("PIP_CERT", "/etc/ssl/certs/ca-certificates.crt"))
     if ca.is_file():  # this machine may reach PyPI through a TLS-intercepting proxy
         shutil.copy2(ca, ctx / "wheels" / "ca-certificates.crt")
-    build = subprocess.run(["docker", "build", "--network", "host", "--build-arg", "BASE_IMAGE=agentrl-base:bookworm",
+    build = subprocess.run(["docker", "build", "--force-rm", "--network", "host", "--build-arg", "BASE_IMAGE=agentrl-base:bookworm",
                             "-t", TAG, str(ctx)], capture_output=True, text=True, timeout=1800)
     try:
         assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
