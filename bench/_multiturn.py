@@ -14,7 +14,13 @@ after the warm start and at the end. Prints one JSON line per env:
     null with the reason), train_reward_mean per RL step, the leak check (no held-out task id in
     the warm-start data) and the load average before and after.
 
-Options: --heldout-n N (held-out tasks), --steps N (RL steps), extra key=value overrides.
+With `--seeds K` (K > 1) each env runs K times (`run.seed=0..K-1`: rollout sampling, prompt order,
+evaluation sampling) and a last line per env pools them: the K gains with a Student-t 95% CI over
+seeds (training-run spread on these tasks), and the per-task gain averaged over seeds with a t CI
+over tasks (task spread, seeds pooled). One run's paired CI on ~50 tasks is wide (±0.11); the
+pooled ones say whether RL's gain is a property of the recipe or of one run.
+
+Options: --heldout-n N (held-out tasks), --steps N (RL steps), --seeds K, extra key=value overrides.
 """
 
 from __future__ import annotations
@@ -45,6 +51,45 @@ def newcombe_diff_ci(p1: float, n1: int, p2: float, n2: int) -> tuple[float, flo
     lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
     hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
     return max(-1.0, lo), min(1.0, hi)
+
+
+# Student's t 0.975 quantiles by degrees of freedom (two-sided 95%); beyond 30 the normal's 1.96 is
+# within 4%.
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042]
+
+
+def mean_t_ci95(xs: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the Student-t 95% interval of the mean of `xs` (at least 2 values)."""
+    n = len(xs)
+    if n < 2:
+        raise ValueError(f"a t interval needs at least 2 values, got {n}")
+    mean = sum(xs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def pool_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One env's runs under several seeds, pooled: RL's gain per seed with a t CI over seeds, and
+    the per-task gain (final − warm outcome, averaged over seeds) with a t CI over tasks. Records
+    carry `_outcomes` ({phase: {task_id: 0/1}}) from `run_env`."""
+    gains = [r["rl_gain"] for r in records if r.get("rl_gain") is not None]
+    out: dict[str, Any] = {"bench": "learning-multi-turn-seeds", "env": records[0]["env"], "seeds": len(records),
+                           "rl_gains": gains, "heldout_rl": [r.get("heldout_rl") for r in records],
+                           "heldout_warm": [r.get("heldout_warm") for r in records],
+                           "wall_s": [round(r["wall_s"]["total"], 1) for r in records]}
+    if len(gains) >= 2:
+        mean, lo, hi = mean_t_ci95(gains)
+        out.update(rl_gain_mean=mean, rl_gain_seeds_ci95=[lo, hi])
+    paired = [r["_outcomes"] for r in records if {"warm_start", "final"} <= set(r.get("_outcomes", {}))]
+    tasks = sorted(set.intersection(*(set(o["warm_start"]) & set(o["final"]) for o in paired))) if paired else []
+    if len(tasks) >= 2:
+        per_task = [sum(o["final"][t] - o["warm_start"][t] for o in paired) / len(paired) for t in tasks]
+        _, lo, hi = mean_t_ci95(per_task)
+        out.update(rl_gain_tasks_ci95=[lo, hi], tasks=len(tasks))
+    return out
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -130,7 +175,9 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         "warm_start_loss": [warm.get("first_loss"), warm.get("final_loss")],
         "train_reward_mean": [m.get("reward_mean") for m in metrics],
         "leak_check": "ok" if not leaked else f"held-out ids in the warm-start data: {leaked[:5]}",
-        "rl_steps": plan.config.trainer.steps, "load_before": load_before, "load_after": load_average(),
+        "rl_steps": plan.config.trainer.steps, "seed": plan.config.run.seed,
+        "load_before": load_before, "load_after": load_average(),
+        "_outcomes": {p: {t: int(bool(v)) for t, v in r.get("heldout_outcomes", {}).items()} for p, r in evals.items()},
     }
 
 
@@ -142,9 +189,19 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--env", default="search,code,swe", help="comma-separated envs")
     ap.add_argument("--heldout-n", type=int, default=100)
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the env config's)")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per env (run.seed=0..K-1), pooled in a last line")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
     ap.add_argument("overrides", nargs="*", metavar="key.path=value")
     args = ap.parse_args(argv)
+    if args.seeds < 1:
+        ap.error(f"--seeds must be >= 1, got {args.seeds}")
     for env in [e.strip() for e in args.env.split(",") if e.strip()]:
-        emit(run_env(env, args.heldout_n, args.steps, args.overrides, args.keep))
+        records = []
+        for seed in range(args.seeds):
+            seeded = [*args.overrides, f"run.seed={seed}"] if args.seeds > 1 else args.overrides
+            keep = args.keep / f"seed{seed}" if args.keep and args.seeds > 1 else args.keep
+            records.append(run_env(env, args.heldout_n, args.steps, seeded, keep))
+            emit({k: v for k, v in records[-1].items() if not k.startswith("_")})
+        if args.seeds > 1:
+            emit(pool_seeds(records))
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agentrl.evaluate import (
     heldout_line,
     paired_difference_interval,
@@ -50,7 +52,7 @@ def test_report_plots_heldout_success_with_the_warm_start_boundary(tmp_path: Pat
                                        "valid calls 1.00")
 
 
-def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
+def _bench_multiturn():
     import importlib.util
     import sys
 
@@ -59,10 +61,37 @@ def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
     spec = importlib.util.spec_from_file_location("bench_multiturn", root / "bench" / "_multiturn.py")
     mt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mt)
+    return mt
+
+
+def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
+    mt = _bench_multiturn()
     lo, hi = mt.newcombe_diff_ci(56 / 70, 70, 48 / 80, 80)  # Newcombe (1998) table II, example (a)
     assert abs(lo - 0.0524) < 5e-4 and abs(hi - 0.3339) < 5e-4
     lo, hi = mt.newcombe_diff_ci(0.5, 10, 0.5, 10)
     assert lo < 0 < hi and abs(lo + hi) < 1e-12
+
+
+def test_bench_multi_turn_pools_seeds_over_seeds_and_over_tasks() -> None:
+    mt = _bench_multiturn()
+    mean, lo, hi = mt.mean_t_ci95([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303: 2 ± 4.303 / √3
+    assert mean == 2.0 and abs(lo + 0.4844) < 1e-4 and abs(hi - 4.4844) < 1e-4
+    with pytest.raises(ValueError, match="at least 2"):
+        mt.mean_t_ci95([0.5])
+
+    def record(warm: dict[str, int], final: dict[str, int]) -> dict:
+        return {"env": "search", "rl_gain": (sum(final.values()) - sum(warm.values())) / len(warm),
+                "heldout_warm": sum(warm.values()) / len(warm), "heldout_rl": sum(final.values()) / len(final),
+                "wall_s": {"total": 100.0}, "_outcomes": {"base": dict.fromkeys(warm, 0), "warm_start": warm,
+                                                          "final": final}}
+
+    pooled = mt.pool_seeds([record({"a": 0, "b": 1, "c": 0}, {"a": 1, "b": 1, "c": 0}),    # +1/3
+                            record({"a": 0, "b": 0, "c": 1}, {"a": 1, "b": 1, "c": 1})])   # +2/3
+    assert pooled["seeds"] == 2 and pooled["tasks"] == 3 and abs(pooled["rl_gain_mean"] - 0.5) < 1e-12
+    lo, hi = pooled["rl_gain_seeds_ci95"]  # sd √2/6 over 2 seeds, t(1) = 12.706
+    assert abs(hi - 0.5 - 12.706 * (2 ** 0.5 / 6) / 2 ** 0.5) < 1e-9 and abs(lo + hi - 1.0) < 1e-9
+    lo, hi = pooled["rl_gain_tasks_ci95"]  # per task 1, 0.5, 0: sd 0.5, t(2) = 4.303
+    assert abs(hi - 0.5 - 4.303 * 0.5 / 3 ** 0.5) < 1e-9
 
 
 def test_paired_interval_matches_newcombes_method_10() -> None:
