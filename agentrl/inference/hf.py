@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import time
@@ -117,6 +118,9 @@ class HFEngine:
         # what a relay should store each weight as for this engine to share it (laminar/loop.py)
         self.weight_dtypes: dict[str, str] = dict.fromkeys(sorted(cast), autocast)
         self._new_cache = growing_cache if in_place_kv else (lambda config: DynamicCache(config=config))
+        # transformers 5.2x renamed forward's `past_key_values` to `cache` (the old name goes in 5.40)
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.tokenizer = load_tokenizer(model_path)
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -492,14 +496,16 @@ class HFEngine:
                 layer.update(*(torch.cat([_left_pad(kv[index][j], past, -2) if kv else blank for _, kv, _ in hits])
                                for j in (0, 1)))
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
+                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
+                         **{self._cache_kwarg: cache})
         computed = int(mask[:, past:].sum())
         m = self.metrics
         m["prefill_tokens"] += computed
         m["prefill_padding"] += rows * width - computed
         m["prefix_hit_tokens"] += sum(cached)
-        batch = _Batch(rows=list(requests), cache=out.past_key_values, mask=mask.to(self.device),
+        # the cache passed in is the one the model filled in place (not read back from `out`, whose
+        # field was renamed with the argument)
+        batch = _Batch(rows=list(requests), cache=cache, mask=mask.to(self.device),
                        next_ids=torch.zeros(rows, dtype=torch.long, device=self.device),
                        positions=mask.sum(-1).to(self.device))
         self._advance(batch, out.logits[:, -1])
@@ -526,9 +532,8 @@ class HFEngine:
     def _decode(self, batch: _Batch) -> torch.Tensor:
         mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
         out = self.model(input_ids=batch.next_ids[:, None], attention_mask=mask,
-                         position_ids=batch.positions[:, None], past_key_values=batch.cache, use_cache=True)
+                         position_ids=batch.positions[:, None], use_cache=True, **{self._cache_kwarg: batch.cache})
         batch.mask = mask
-        batch.cache = out.past_key_values
         batch.positions = batch.positions + 1
         return out.logits[:, -1]
 
