@@ -11,7 +11,7 @@ after the warm start and at the end. Prints one JSON line per env:
     rl_gain_ci_kind),
     stage wall-clocks (base eval, demonstrations, SFT, RL incl. its evals), SFT tokens/s,
     sft_tokens_per_s_over_trl (TRL SFTTrainer on the same token sequences under .venv-trl, else
-    null with the reason), train_reward_mean per RL step, the leak check (no held-out task id in
+    null with the reason), train_reward_mean per RL step (null: skipped), the leak check (no held-out task id in
     the warm-start data) and the load average before and after.
 
 With `--seeds K` (K > 1) each env runs K times (`run.seed=0..K-1`: rollout sampling, prompt order,
@@ -25,6 +25,7 @@ Options: --heldout-n N (held-out tasks), --steps N (RL steps), --seeds K, extra 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -132,7 +133,8 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
                  "trainer.warm_start.enabled=true", *([f"trainer.steps={steps}"] if steps else []), *overrides]
         plan = prepare_run(env, overrides=extra)
         t0 = time.perf_counter()
-        code = train(plan)
+        with contextlib.redirect_stdout(sys.stderr):  # the run's closing lines; stdout is the JSON lines
+            code = train(plan)
         wall = time.perf_counter() - t0
         run_dir = plan.run_dir
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
@@ -175,7 +177,8 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         "learner_dtype": dtype, "sft_tokens_per_s": warm.get("tokens_per_s"), "sft_tokens_per_s_over_trl": ratio,
         **({"sft_tokens_per_s_over_trl_missing": why} if why else {}),
         "warm_start_loss": [warm.get("first_loss"), warm.get("final_loss")],
-        "train_reward_mean": [m.get("reward_mean") for m in metrics],
+        # null for a step that trained nothing (dynamic sampling found no group with a reward spread)
+        "train_reward_mean": [None if m.get("skipped") else m.get("reward_mean") for m in metrics],
         "leak_check": "ok" if not leaked else f"held-out ids in the warm-start data: {leaked[:5]}",
         "rl_steps": plan.config.trainer.steps, "seed": plan.config.run.seed,
         "load_before": load_before, "load_after": load_average(),
