@@ -11,14 +11,15 @@ after the warm start and at the end. Prints one JSON line per env:
     rl_gain_ci_kind),
     stage wall-clocks (base eval, demonstrations, SFT, RL incl. its evals), SFT tokens/s,
     sft_tokens_per_s_over_trl (TRL SFTTrainer on the same token sequences under .venv-trl, else
-    null with the reason), train_reward_mean per RL step (null: skipped), the leak check (no held-out task id in
-    the warm-start data) and the load average before and after.
+    null with the reason), train_reward_mean per RL step (null: skipped), the leak check (no
+    held-out task id in the warm-start data) and the load average before and after.
 
-With `--seeds K` (K > 1) each env runs K times (`run.seed=0..K-1`: rollout sampling, prompt order,
-evaluation sampling; TRL's SFT comparison on the first only) and a last line per env pools them: the K gains with a Student-t 95% CI over
-seeds (training-run spread on these tasks), and the per-task gain averaged over seeds with a t CI
-over tasks (task spread, seeds pooled). One run's paired CI on ~50 tasks is wide (±0.11); the
-pooled ones say whether RL's gain is a property of the recipe or of one run.
+With `--seeds K` (K > 1) each env runs K times with `run.seed=0..K-1`, which changes RL's rollout
+sampling and prompt order (the seeded warm start and the greedy evaluations repeat; TRL's SFT
+comparison runs on the first seed only). A last line per env pools them: the K gains with a
+Student-t 95% CI over seeds (training-run spread on these tasks), and the per-task gain averaged
+over seeds with a t CI over tasks (task spread, seeds pooled). One run's paired CI on ~50 tasks
+is wide (±0.11); the pooled ones say whether RL's gain is a property of the recipe or of one run.
 
 Options: --heldout-n N (held-out tasks), --steps N (RL steps), --seeds K, extra key=value overrides.
 """
