@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,9 +68,8 @@ def mean_t_ci95(xs: list[float]) -> tuple[float, float, float]:
     n = len(xs)
     if n < 2:
         raise ValueError(f"a t interval needs at least 2 values, got {n}")
-    mean = sum(xs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * sd / math.sqrt(n)
+    mean = statistics.fmean(xs)
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * statistics.stdev(xs) / math.sqrt(n)
     return mean, mean - half, mean + half
 
 
