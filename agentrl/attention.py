@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 SDPA_GQA = "sdpa_gqa"
+SHARED_PREFIX = "shared_prefix"  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
 
 
 def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -38,6 +39,8 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     """transformers' sdpa attention (same arguments, same causal rule) with grouped key/value heads
     passed to torch unrepeated; anything else (one head per group, a paged cache, a position
     bias, a CUDA device) goes to transformers' own function."""
+    if (packed := kwargs.get(SHARED_PREFIX)) is not None:  # a learner's packed micro-batch
+        return shared_prefix_attention(query, key, value, packed, dropout, scaling), None
     grouped = (getattr(module, "num_key_value_groups", 1) > 1 and query.device.type == "cpu"
                and kwargs.get("cache") is None and kwargs.get("position_bias") is None)
     # A one-token query attends to every cached key; transformers drops the mask when no row is
@@ -53,6 +56,27 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
                                                            dropout_p=dropout, scale=scaling, is_causal=False,
                                                            enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Any,
+                            dropout: float, scaling: float | None) -> torch.Tensor:
+    """Attention over one packed sequence [shared prefix | suffix 0 | suffix 1 | ...]: query
+    [1, Hq, L, D], key and value [1, Hkv, L, D] (position-encoded already). The prefix is causal over
+    itself; suffix i (at `packed.offsets[i]`, `packed.lengths[i]` tokens) attends to the whole prefix
+    and, through `packed.masks[i]`, causally to itself. Returns [1, L, Hq, D]."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gqa = key.shape[1] != query.shape[1]
+    p = packed.prefix
+    prefix_k, prefix_v = key[:, :, :p], value[:, :, :p]
+    outs = [sdpa(query[:, :, :p], prefix_k, prefix_v, dropout_p=dropout, is_causal=True, scale=scaling,
+                 enable_gqa=gqa)]
+    for offset, n, mask in zip(packed.offsets, packed.lengths, packed.masks):
+        own = slice(offset, offset + n)
+        k = torch.cat([prefix_k, key[:, :, own]], dim=2)
+        v = torch.cat([prefix_v, value[:, :, own]], dim=2)
+        outs.append(sdpa(query[:, :, own], k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                         enable_gqa=gqa))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
 def _low_precision(query: torch.Tensor) -> torch.dtype | None:

@@ -20,6 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from agentrl.attention import SDPA_GQA, SHARED_PREFIX
+from agentrl.trainer import shared_prefix
+
 # Policy tokens per LM-head chunk: 256 × V(49152) fp32 = 50 MB of logits; backward holds about
 # five such tensors per chunk. Measured on 2 rows × 1150 tokens (SmolLM2-135M, checkpointed
 # layers, this CPU): peak activation memory 2.4 GB at 1024 → 1.6 GB at 256, at no cost in speed
@@ -79,6 +82,12 @@ def _split_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
     return body, head
 
 
+def _packs(model: torch.nn.Module) -> bool:
+    """Whether the model attends through `sdpa_gqa`, the attention that reads a packed layout;
+    any other would attend across the packed rows."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == SDPA_GQA
+
+
 def _chunk_stats(head: torch.nn.Module, hidden: Tensor, targets: Tensor, temperature: float,
                  want_entropy: bool, want_sum_pi_sq: bool, stats: list[Tensor]) -> Tensor:
     """log π(target) for one chunk of hidden states; entropy / Σπ² of the chunk are appended to
@@ -107,9 +116,20 @@ def _selected_stats(model: torch.nn.Module, input_ids: Tensor, attention_mask: T
     if parts is None:
         return None
     body, head = parts
-    hidden = body(input_ids=input_ids, attention_mask=causal_mask_only(attention_mask)).last_hidden_state[:, :-1]
     sel = positions[:, 1:].to(torch.bool)
-    picked, targets = hidden[sel], input_ids[:, 1:][sel]
+    targets = input_ids[:, 1:][sel]
+    packed = shared_prefix.plan(input_ids, attention_mask) if _packs(model) else None
+    if packed is None:
+        hidden = body(input_ids=input_ids, attention_mask=causal_mask_only(attention_mask)).last_hidden_state
+        picked = hidden[:, :-1][sel]
+    else:  # the rows' common prompt once (trainer/shared_prefix.py)
+        ids, pos = shared_prefix.pack(input_ids, packed)
+        # a mask of ones, so transformers does not read the restarting position ids as separate
+        # packed sequences and build an [L, L] mask that the packed attention would ignore anyway
+        hidden = body(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids),
+                      **{SHARED_PREFIX: packed}).last_hidden_state[0]
+        index = shared_prefix.packed_index(packed, input_ids.shape[1]).to(hidden.device)
+        picked = hidden[index[:, :-1][sel]]
     grad = torch.is_grad_enabled() and picked.requires_grad
     logps: list[Tensor] = []
     ents: list[Tensor] = []
