@@ -44,3 +44,11 @@ def test_inference_bench_times_the_embedded_model() -> None:
                                               "bf16+sdpa_gqa+in_place_cache"}
     assert line["decode_step_fp32_over_bf16_engine"] > 0
     assert line["decode_logits_max_abs_diff"] == 0.0 and line["decode_step_default_over_engine"] > 0
+
+
+def test_learner_bench_times_a_padded_and_a_packed_pass() -> None:
+    line = bench_line("bench/learner.py", "--prefix", "40", "--suffixes", "10,12", "--repeats", "1",
+                      "--dtype", "float32")
+    assert line["tokens_packed"] == 40 + 10 + 12 < line["tokens_padded"] == 2 * 52
+    assert line["padded_s"] > 0 and line["packed_s"] > 0 and line["packed_speedup"] > 0
+    assert line["policy_tokens"] > 0 and line["logprob_max_abs_diff"] < 1e-4  # the same log-probs
