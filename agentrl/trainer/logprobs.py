@@ -57,9 +57,7 @@ def causal_mask_only(attention_mask: Tensor | None) -> Tensor | None:
     and without a mask torch's attention runs causal and skips the blocks above the diagonal
     instead of reading a [B, 1, T, T] mask: a 4 × 1000-token bf16 forward + backward of
     SmolLM2-135M spends 5.6 s in attention instead of 8.1 s (20.7 → 18.7 s in all, this CPU)."""
-    if attention_mask is None or bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all()):
-        return None
-    return attention_mask
+    return None if shared_prefix.right_padded(attention_mask) else attention_mask
 
 
 def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
