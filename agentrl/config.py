@@ -180,6 +180,9 @@ class TrainerConfig:
     otb_zero_tail: bool = True  # OTB handle_zero_tail (§6.2; True for multi-turn)
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_gen_batches: int = 10
+    # LUFFY-style off-policy guidance (agentrl/guidance.py): a group none of whose trajectories succeeded
+    # gets the env's demonstration of its task, so it has a reward spread to learn from
+    demo_guidance: bool = False
     trm: TRMConfig = field(default_factory=TRMConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)

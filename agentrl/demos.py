@@ -77,9 +77,11 @@ async def demonstration_actions(env: Any, task: Task, seed: int = 0) -> list[str
 
 async def play_demonstration(env_factory: Callable[[], Any], task: Task, tokenizer: Any, *, seed: int = 0,
                              max_tokens: int = 256, max_context_tokens: int = 4096,
-                             timeout_s: float = 300.0, verify_template: bool = False) -> Trajectory:
+                             timeout_s: float = 300.0, verify_template: bool = False,
+                             version: int = 0) -> Trajectory:
     """Play one demonstration of `task` (variant `seed`) through a fresh env; returns the
-    Trajectory whatever its ending (its status and reward tell whether the demonstration works)."""
+    Trajectory whatever its ending (its status and reward tell whether the demonstration works).
+    `version`: the weight version its tokens are labelled with (a guided RL group's own)."""
     from agentrl.rollout.engine import RolloutEngine
 
     env = env_factory()
@@ -90,7 +92,7 @@ async def play_demonstration(env_factory: Callable[[], Any], task: Task, tokeniz
         if close is not None:
             await close()
         raise
-    teacher = TeacherEngine([])
+    teacher = TeacherEngine([], version=version)
     rollout = RolloutEngine(teacher, tokenizer, SamplingParams(max_tokens=max_tokens), concurrency=1,
                             trajectory_timeout_s=timeout_s, max_context_tokens=max_context_tokens,
                             verify_template=verify_template)

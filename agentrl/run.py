@@ -99,9 +99,10 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
         raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
-    from agentrl.sft import check_warm_start
+    from agentrl.sft import check_demo_guidance, check_warm_start
 
     check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
+    check_demo_guidance(cfg)
     name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
                                      time.strftime("%Y%m%d-%H%M%S")])
     return RunPlan(cfg, Path(cfg.run.dir) / name)
@@ -152,7 +153,7 @@ def is_success(traj: Trajectory) -> bool:
 def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, Any]) -> dict[str, Any]:
     """One metrics.jsonl line: reward, success, turns, tokens, staleness, throughput, sandbox
     latency and the learner's loss terms."""
-    trajs = [t for g in groups for t in g.trajectories]
+    trajs = [t for g in groups for t in g.trajectories if not t.demonstrated]  # the policy's own samples
     n = max(1, len(trajs))
     stale = [t.staleness for t in trajs if t.staleness is not None]
     gen_s = sum(t.timings.get("generate_s", 0.0) for t in trajs)
@@ -176,6 +177,7 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
         "wall_s": rec.get("time_s"),
         **{k: v for k, v in rec.items() if k.startswith("dapo_")},  # dynamic sampling's drops and draws
+        **({"guided_groups": rec["guided_groups"]} if "guided_groups" in rec else {}),  # trainer.demo_guidance
     }
     learner = {k.split("/", 1)[1]: v for k, v in rec.items() if k.startswith("learner/")}
     return {**learner, **out}  # the run's own figures win over same-named learner metrics
@@ -397,16 +399,26 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
         status.stage = "evaluating" if cfg.eval.enabled else "warm start"
         await stages.before_rl(lambda _: checkpoint(start_step), stop.is_set)  # base eval, warm start, eval after it
         status.stage = "rollout"
+        guide = None
+        if cfg.trainer.demo_guidance:  # played here, on the driver's sandbox pool
+            from agentrl.guidance import DemoGuide
+
+            guide = DemoGuide(env_factory, tasks, stages.tokenizer, max_tokens=max(cfg.sampling.max_tokens, 4096),
+                              max_context_tokens=cfg.rollout.max_context_tokens,
+                              timeout_s=cfg.rollout.trajectory_timeout_s)
         async with loop_runtime(cfg, run_dir.name, env_factory, make_env,
                                 ray_runtime) as (runtime, loop_env_factory, node_pools):
             summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,
-                                               on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"))
+                                               on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"),
+                                               guide=guide)
             if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
                 summary["sandbox_pools"] = await pool_metrics(node_pools)
         summary["learners"] = {"num_learners": cfg.trainer.num_learners,
                                "placement": getattr(learner, "placement", "in-process"),
                                "device": str(learner.device)}
         summary["engine_device"] = str(getattr(engines[0], "device", cfg.engine.kind))
+        if guide is not None:
+            summary["demo_guidance"] = guide.metrics()
         status.stage = "done"
         mark_phase("done")
         summary.update(await stages.finish(cfg.trainer.steps))
@@ -554,4 +566,5 @@ def readable_trajectory(traj: Trajectory, step: int) -> str:
         "reward_components": traj.reward_components, "step_rewards": traj.step_rewards,
         "turns": traj.num_turns, "policy_tokens": traj.num_policy_tokens, "version": traj.version,
         "staleness": traj.staleness, "error": traj.error, "messages": traj.messages,
+        **({"demonstration": True} if traj.demonstrated else {}),  # an expert's, added by trainer.demo_guidance
     }, ensure_ascii=False)

@@ -156,6 +156,12 @@ class Trajectory:
         return sum(len(s.turns) for s in self.segments)
 
     @property
+    def demonstrated(self) -> bool:
+        """An expert's trajectory played by a teacher (agentrl/demos.py), not sampled by the policy:
+        its behaviour log-probs are placeholders, and on-policy statistics leave it out."""
+        return bool(self.metrics.get("demonstration"))
+
+    @property
     def num_policy_tokens(self) -> int:
         return sum(s.num_policy_tokens for s in self.segments)
 

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from agentrl.types import Group, Task
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[dict[str, Any]], Any]
+Guide = Callable[[list[Group]], Awaitable[list[Group]]]  # sees each drawn batch of groups first
 
 
 @dataclass
@@ -221,23 +222,40 @@ async def wait_batch(system: LaminarSystem, n_groups: int, timeout_s: float) -> 
 
 
 async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, dynamic: bool,
-                       max_gen_batches: int, release_more: bool) -> tuple[list[Group], dict[str, float]]:
+                       max_gen_batches: int, release_more: bool, guide: Guide | None = None
+                       ) -> tuple[list[Group], dict[str, float]]:
     """One training batch. With DAPO dynamic sampling, groups whose rewards are all equal are
     dropped and the batch is refilled from the buffer (the baselines release that many more
     prompts first), at most `max_gen_batches` draws in all (≤ 0: no limit). Unlike verl, running
-    out of draws does not end the run: the step trains on the groups kept (none: it is skipped)."""
+    out of draws does not end the run: the step trains on the groups kept (none: it is skipped).
+    `guide` sees every draw first (agentrl/guidance.py adds a demonstration to unsolved groups)."""
     from agentrl.trainer.rewards import DynamicSampler
 
+    guided = 0
+
+    async def draw(n: int) -> list[Group]:
+        nonlocal guided
+        groups = await wait_batch(system, n, timeout_s)
+        if guide is None:
+            return groups
+        sizes = [len(g.trajectories) for g in groups]
+        groups = await guide(groups)
+        guided += sum(len(g.trajectories) > n for g, n in zip(groups, sizes))
+        return groups
+
     if not dynamic:
-        return await wait_batch(system, n_groups, timeout_s), {}
+        groups = await draw(n_groups)
+        return groups, ({"guided_groups": float(guided)} if guide is not None else {})
     sampler: DynamicSampler[Group] = DynamicSampler(n_groups, lambda g: g.rewards, max_gen_batches, strict=False)
-    ready = sampler.add(await wait_batch(system, n_groups, timeout_s))
+    ready = sampler.add(await draw(n_groups))
     while not ready and not sampler.exhausted:
         missing = n_groups - len(sampler.kept)
         if release_more:
             await system.prompts.allow(missing, min_version=await _buffer_version(system))
-        ready = sampler.add(await wait_batch(system, missing, timeout_s))
+        ready = sampler.add(await draw(missing))
     metrics = {"dapo_dropped_groups": float(sampler.num_dropped), "dapo_gen_batches": float(sampler.num_gen_batches)}
+    if guide is not None:
+        metrics["guided_groups"] = float(guided)
     if sampler.exhausted:
         metrics["dapo_short_batch"] = float(n_groups - len(sampler.kept))
         log.warning("dynamic sampling: %d of %d groups had a reward spread after %d draws "
@@ -292,16 +310,17 @@ def generating_alone(system: LaminarSystem) -> contextlib.AbstractContextManager
 
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                 on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
-                dynamic_sampling: bool = False, max_gen_batches: int = 10) -> dict[str, Any]:
+                dynamic_sampling: bool = False, max_gen_batches: int = 10,
+                guide: Guide | None = None) -> dict[str, Any]:
     """Run `steps` global-batch updates; returns the run summary (see `summarize`)."""
     with generating_alone(system):
         return await _train(system, learner, steps, batch_groups, on_step, wait_timeout_s=wait_timeout_s,
-                            dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches)
+                            dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches, guide=guide)
 
 
 async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                  on_step: StepCallback | None, *, wait_timeout_s: float, dynamic_sampling: bool,
-                 max_gen_batches: int) -> dict[str, Any]:
+                 max_gen_batches: int, guide: Guide | None = None) -> dict[str, Any]:
     backend = system.backend
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
@@ -316,7 +335,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         t0 = time.perf_counter()
         mark_phase("rollout")  # the trainer waits for a batch (bench/memory.py's timeline)
         groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
-                                          max_gen_batches, release_more=backend != "laminar")
+                                          max_gen_batches, release_more=backend != "laminar", guide=guide)
         wait_s = time.perf_counter() - t0
         if backend != "laminar":
             await drop_finished_prefixes(system)  # before the next batch is released
@@ -348,7 +367,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         if backend == "sync":  # also after a skipped step (nothing trainable): the run must go on
             await system.prompts.allow(batch_groups, min_version=v)
         await system.manager.trigger()
-        trajs = [t for g in groups for t in g.trajectories]
+        trajs = [t for g in groups for t in g.trajectories if not t.demonstrated]  # the policy's own
         stale = [t.staleness for t in trajs if t.staleness is not None]
         rec = {"step": step, "version": v, "backend": backend, "trainer_wait_s": wait_s,
                "learn_s": learn_s, "push_stall_s": stall_s, "push_copy_s": push_copy_s,
@@ -412,7 +431,8 @@ async def shutdown(system: LaminarSystem) -> None:
 async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,
                              engines: list[Any], on_step: StepCallback | None = None,
                              runtime: Runtime | None = None,
-                             resume_state: dict[str, Any] | None = None) -> dict[str, Any]:
+                             resume_state: dict[str, Any] | None = None,
+                             guide: Guide | None = None) -> dict[str, Any]:
     own = runtime is None and cfg.laminar.ray_address is not None
     if own:  # "local": a cluster of this machine; "auto" or an address: a running cluster
         runtime = ray_runtime(cfg)
@@ -423,7 +443,7 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
             return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step,
                                wait_timeout_s=cfg.laminar.wait_timeout_s,
                                dynamic_sampling=cfg.trainer.dynamic_sampling,
-                               max_gen_batches=cfg.trainer.max_gen_batches)
+                               max_gen_batches=cfg.trainer.max_gen_batches, guide=guide)
         finally:
             run_status.watch(None)  # nothing to poll once the actors are gone
             await shutdown(system)

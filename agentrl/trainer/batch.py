@@ -28,6 +28,7 @@ class TrainBatch:
     token_rewards: Tensor  # float, the trajectory reward on the row's last policy token (OTB)
     traj_index: Tensor  # long [N], index into the trajectory list; -1 for padding rows
     group_index: Tensor  # long [N], group of the row's trajectory; -1 for padding rows
+    demonstrated: Tensor  # bool [N], an expert's row (no behaviour log-probs; agentrl/guidance.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -121,7 +122,9 @@ def build_batch(trajectories: list[Trajectory], rollout_advantages: Tensor, grou
     if loss_mask[:, :1].any():
         raise ValueError("a policy token at position 0 has no context to be predicted from")
     adv = rollout_advantages.float()[traj_index].unsqueeze(-1) * loss_mask if n else torch.zeros(0, width)
+    demonstrated = torch.tensor([trajectories[r[0]].demonstrated for r in rows], dtype=torch.bool)
     batch = TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
                        behaviour_logprobs=behaviour, advantages=adv, token_rewards=token_rewards,
-                       traj_index=traj_index, group_index=group_index[traj_index] if n else traj_index)
+                       traj_index=traj_index, group_index=group_index[traj_index] if n else traj_index,
+                       demonstrated=demonstrated)
     return batch.pad_rows(pad_to_multiple)

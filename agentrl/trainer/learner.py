@@ -134,6 +134,14 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def demonstrations_on_policy(behaviour: Tensor, prox: Tensor, demonstrated: Tensor) -> None:
+    """An expert's rows (agentrl/guidance.py) have no behaviour log-probs: the teacher emitted
+    their tokens. Treat them as sampled by π_prox (in place): the IS weight π_prox/π_behav is 1, TRM
+    accepts them, and the clipped objective's gradient at ratio 1 is A·∇log π per token."""
+    if demonstrated.any():
+        behaviour[demonstrated] = prox[demonstrated]
+
+
 def has_dropout(model: torch.nn.Module) -> bool:
     """Whether a train-mode forward is random (then it cannot stand in for the eval-mode π_prox)."""
     config = getattr(model, "config", None)
@@ -360,6 +368,7 @@ class Learner:
         else:
             old, old_entropy, sum_pi_sq = self._recompute(self.model, batch, entropy=want_entropy,
                                                           sum_pi_sq=cfg.advantage == "otb")
+            demonstrations_on_policy(batch.behaviour_logprobs, old, batch.demonstrated)
         mask = batch.loss_mask
         if cfg.advantage == "otb":
             assert sum_pi_sq is not None
@@ -412,6 +421,8 @@ class Learner:
                 sums[k] += v
             sums["grad_norm"] += grad_norm.item()
         n_train = max(train_mask.sum().item(), 1.0)
+        if lean:  # as each pass did for its own rows (the off-policy metrics below then read 0 for them)
+            demonstrations_on_policy(batch.behaviour_logprobs, old, batch.demonstrated)
         log_rho = (old - batch.behaviour_logprobs) * mask
         metrics.update(
             kl_k3_old_roll=masked_mean(k3(log_rho), mask).item(),
@@ -453,6 +464,7 @@ class Learner:
             logp = stats.logprobs.cpu() if self.device != "cpu" else stats.logprobs
             if lean:
                 m_old = logp.detach()
+                demonstrations_on_policy(micro.behaviour_logprobs, m_old, micro.demonstrated)
                 if real:
                     old[rows, :w] = m_old
             if entropy_out is not None and stats.entropy is not None and real:

@@ -406,3 +406,45 @@ def test_auto_optimizer_is_8bit_in_one_process_and_fused_adamw_on_plain_tensors_
     shard = torch.nn.Parameter(torch.zeros(4))
     shard.to_local = lambda: shard  # what make_optimizer looks for on FSDP2's parameters
     assert not isinstance(shard, DTensor) and type(make_optimizer([shard], cfg)) is torch.optim.AdamW
+
+
+
+def first_gradient(cfg: TrainerConfig, groups: list[Group]) -> tuple[torch.Tensor, dict]:
+    """The gradient of a step's first optimizer update, and the step's metrics (Adam's update is
+    about lr·sign(g), so near-zero gradients flip on rounding: compare gradients, not weights)."""
+    learner = Learner(tiny_llama(0), cfg)
+    grads: list[torch.Tensor] = []
+    step = learner.optimizer.step
+
+    def record(*args, **kwargs):
+        grads.append(torch.cat([p.grad.flatten() for p in learner.model.parameters()]))
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = record  # (torch warns that the scheduler's wrapper was replaced)
+    metrics = learner.step(copy.deepcopy(groups))
+    return grads[0], metrics
+
+
+@pytest.mark.parametrize("overrides", [[], ["trainer.trm.mode=max"]])
+def test_a_demonstrated_trajectory_trains_as_if_sampled_by_the_policy(overrides):
+    """An expert's trajectory (demo guidance) has placeholder behaviour log-probs of 0: the learner
+    treats it as sampled by π_prox, so its gradient equals that of the same batch with the model's
+    own log-probs as behaviour, in the lean pass and with the recompute (TRM on)."""
+    groups = random_groups(2, 3, VOCAB, seed=5)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    cfg = load_config(None, overrides=["trainer.micro_batch_size=2", "trainer.dtype=float32", *overrides]).trainer
+    placeholder = copy.deepcopy(groups)
+    for seg in placeholder[0].trajectories[0].segments:  # what agentrl/demos.py's teacher records
+        seg.logprobs = [0.0] * len(seg.logprobs)
+    flagged = copy.deepcopy(placeholder)
+    flagged[0].trajectories[0].metrics["demonstration"] = 1.0
+    assert flagged[0].trajectories[0].demonstrated and not groups[0].trajectories[0].demonstrated
+    g_on, m_on = first_gradient(cfg, groups)
+    g_demo, m_demo = first_gradient(cfg, flagged)
+    g_face, _ = first_gradient(cfg, placeholder)
+    scale = g_on.abs().max().item()
+    assert (g_demo - g_on).abs().max().item() < 1e-4 * scale
+    assert m_demo["trm_masked_fraction"] == m_on["trm_masked_fraction"]
+    assert m_demo["mean_abs_log_rho"] == pytest.approx(m_on["mean_abs_log_rho"], abs=1e-5)
+    # taken at face value, the placeholders would weight that row by π_prox (or TRM would mask it)
+    assert (g_face - g_on).abs().max().item() > 1e-2 * scale
