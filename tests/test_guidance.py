@@ -73,19 +73,9 @@ def test_a_broken_demonstration_leaves_the_group_as_it_was(tok) -> None:
     assert guide.metrics()["guide_demos_failed"] == 1.0
 
 
-class _NoDemos(agentrl.ToolEnv):
-    tools = (agentrl.tools.submit,)
-
-    def tasks(self, split="train"):
-        return [{"id": "0", "prompt": "submit"}]
-
-    async def reward(self, task, state):
-        return 1.0
-
-
 def test_guidance_for_an_env_without_demonstrations_stops_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"demo_guidance: env .* has no demonstrations") as e:
-        prepare_run(f"{__file__}:_NoDemos", overrides=["trainer.demo_guidance=true", f"run.dir={tmp_path}"])
+        prepare_run(f"{Path(__file__).with_name('test_demos.py')}:_NoDemos", overrides=["trainer.demo_guidance=true", f"run.dir={tmp_path}"])
     assert "\n" not in str(e.value)
     assert not list(tmp_path.iterdir())
 
