@@ -7,7 +7,8 @@ learner alone in several precisions.
     cd FRESH_CLONE && python /path/to/bench/memory.py --timeout 5400 --command 'make train'
 
 Run mode polls the RSS of the whole process tree (psutil, every 0.2 s) and prints one JSON line
-with `peak_rss_gb` and `breakdown_gb`. The breakdown is computed from the model's parameter
+with `peak_rss_gb` and `breakdown_gb`; `peak_process_rss_gb` is the run's own process alone and
+`peak_children_rss_gb` the most its children held at once (sandboxes running the policy's code). The breakdown is computed from the model's parameter
 count (weights, gradients, two Adam moments in fp32 or 8 bits as `trainer.optimizer` says, weight
 copies for the engines); `other_gb`
 (activations, engine KV cache, interpreter, sandboxes) is the remainder.
@@ -58,15 +59,18 @@ LEARNER_CONFIGS = {  # name -> trainer overrides
 }
 
 
-def tree_rss(proc: Any) -> int:
-    """RSS of a process and all its descendants, in bytes (vanished children count 0)."""
+def tree_rss(proc: Any) -> tuple[int, int]:
+    """RSS of a process and all its descendants, and of the process alone, in bytes (vanished
+    ones count 0): a run's own memory apart from its children's (sandboxes, servers)."""
     import psutil
 
-    total = 0
+    total = own = 0
     for p in [proc, *proc.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            total += p.memory_info().rss
-    return total
+            rss = p.memory_info().rss
+            total += rss
+            own = rss if p is proc else own
+    return total, own
 
 
 def param_count(model_name: str) -> int:
@@ -89,10 +93,11 @@ def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, st
     with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: a chatty run cannot block on it
         child = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
         proc = psutil.Process(child.pid)
-        peak, timed_out = 0, False
+        peak = peak_own = peak_children = 0
+        timed_out = False
         while child.poll() is None:
-            rss = tree_rss(proc)
-            peak = max(peak, rss)
+            rss, own = tree_rss(proc)
+            peak, peak_own, peak_children = max(peak, rss), max(peak_own, own), max(peak_children, rss - own)
             if samples is not None:
                 samples.append((time.time(), rss))
             if time.perf_counter() - t0 > timeout_s:
@@ -106,7 +111,8 @@ def peak_tree_rss(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, st
         err.seek(0)
         stderr = err.read()
     return {"exit_code": child.returncode, "timed_out": timed_out, "wall_s": round(time.perf_counter() - t0, 1),
-            "peak_rss_gb": round(peak / GB, 3), "stderr_tail": stderr.strip().splitlines()[-3:]}
+            "peak_rss_gb": round(peak / GB, 3), "peak_process_rss_gb": round(peak_own / GB, 3),
+            "peak_children_rss_gb": round(peak_children / GB, 3), "stderr_tail": stderr.strip().splitlines()[-3:]}
 
 
 def phase_timeline(samples: list[tuple[float, int]], marks: list[dict[str, Any]],

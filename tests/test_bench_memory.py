@@ -50,6 +50,8 @@ def test_memory_bench_wraps_any_command_and_kills_its_tree_on_timeout(tmp_path: 
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert line["mode"] == "command" and line["cwd"] == str(tmp_path)
     assert line["peak_rss_gb"] > 0.35
+    # the 400 MB is the grandchild's, not the top process's (bash): reported apart
+    assert line["peak_children_rss_gb"] > 0.35 > 0.1 > line["peak_process_rss_gb"]
     if timeout == 3:
         assert line["timed_out"] and line["exit_code"] != 0 and line["wall_s"] < 6
     else:
