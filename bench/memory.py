@@ -60,14 +60,17 @@ LEARNER_CONFIGS = {  # name -> trainer overrides
 
 
 def tree_rss(proc: Any) -> tuple[int, int]:
-    """RSS of a process and all its descendants, and of the process alone, in bytes (vanished
-    ones count 0): a run's own memory apart from its children's (sandboxes, servers)."""
+    """Memory of a process and all its descendants, and of the process alone, in bytes (vanished
+    ones count 0): a run's own memory apart from its children's (sandboxes, servers). The process
+    counts its RSS, each descendant its USS (the pages only it maps): a child forked to start a
+    sandbox shares all of its parent's pages until it execs, and its RSS would count them twice
+    (single 0.2-s samples 2-3 GB above the run in stop 36's code runs)."""
     import psutil
 
     total = own = 0
     for p in [proc, *proc.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            rss = p.memory_info().rss
+            rss = p.memory_info().rss if p is proc else p.memory_full_info().uss
             total += rss
             own = rss if p is proc else own
     return total, own
