@@ -240,7 +240,7 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
             return groups
         sizes = [len(g.trajectories) for g in groups]
         groups = await guide(groups)
-        guided += sum(len(g.trajectories) > n for g, n in zip(groups, sizes))
+        guided += sum(len(g.trajectories) > size for g, size in zip(groups, sizes))
         return groups
 
     if not dynamic:
