@@ -521,6 +521,14 @@ def has_demonstrations(env: Any) -> bool:
     return method is not None and method is not Env.demonstrate
 
 
+def env_class_demonstrates(name: str) -> bool:
+    """Whether the env registered as `name` overrides `Env.demonstrate`, told from its class
+    without building it (True when it cannot be told: a factory function, not a class)."""
+    target = registry().get(name, name)
+    cls = load_entry_point(target) if isinstance(target, str) else target
+    return not (isinstance(cls, type) and issubclass(cls, Env) and cls.demonstrate is Env.demonstrate)
+
+
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -27,15 +27,19 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl.config import Config, ConfigError
 from agentrl.demos import DemonstrationError, demonstration_problem, play_demonstration
-from agentrl.types import Group, Task
+from agentrl.env import env_class_demonstrates
+from agentrl.types import Group, Task, Trajectory
 
 log = logging.getLogger(__name__)
 
 
-def solved(group: Group, is_success: Callable[[Any], bool]) -> bool:
-    """Whether any trajectory of the group reached the env's best outcome."""
-    return any(is_success(t) for t in group.trajectories)
+def check_demo_guidance(cfg: Config) -> None:
+    """trainer.demo_guidance needs an env with demonstrations; ConfigError (one line) before any work."""
+    if cfg.trainer.demo_guidance and not env_class_demonstrates(cfg.env.name):
+        raise ConfigError(f"trainer.demo_guidance: env '{cfg.env.name}' has no demonstrations (no demonstrate()) "
+                          "to guide unsolved groups with; set trainer.demo_guidance=false")
 
 
 class DemoGuide:
@@ -54,7 +58,7 @@ class DemoGuide:
         from agentrl.run import is_success
 
         for group in groups:
-            if solved(group, is_success) or not group.trajectories:
+            if not group.trajectories or any(is_success(t) for t in group.trajectories):
                 continue
             task = self.tasks.get(group.task_id)
             if task is None:  # not a task this guide knows (nothing to demonstrate)
@@ -64,7 +68,7 @@ class DemoGuide:
                 group.trajectories.append(demo)
         return groups
 
-    async def _play(self, task: Task, group: Group) -> Any:
+    async def _play(self, task: Task, group: Group) -> Trajectory | None:
         seed = self.played
         self.played += 1
         try:

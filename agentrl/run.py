@@ -99,7 +99,8 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
         raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
-    from agentrl.sft import check_demo_guidance, check_warm_start
+    from agentrl.guidance import check_demo_guidance
+    from agentrl.sft import check_warm_start
 
     check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
     check_demo_guidance(cfg)

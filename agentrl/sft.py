@@ -157,27 +157,11 @@ def check_warm_start(cfg: Config) -> None:
 
         check_trajectory_file(ws.data)  # every line's schema, before the model loads
         return
+    from agentrl.env import env_class_demonstrates
+
     if not env_class_demonstrates(cfg.env.name):
         raise ConfigError(f"trainer.warm_start: env '{cfg.env.name}' has no demonstrations (no demonstrate()); "
                           "set trainer.warm_start.data=FILE.jsonl or trainer.warm_start.enabled=false")
-
-
-def check_demo_guidance(cfg: Config) -> None:
-    """trainer.demo_guidance needs an env with demonstrations; ConfigError (one line) before any work."""
-    if cfg.trainer.demo_guidance and not env_class_demonstrates(cfg.env.name):
-        raise ConfigError(f"trainer.demo_guidance: env '{cfg.env.name}' has no demonstrations (no demonstrate()) "
-                          "to guide unsolved groups with; set trainer.demo_guidance=false")
-
-
-def env_class_demonstrates(name: str) -> bool:
-    """Whether the registered env class overrides `Env.demonstrate` (True when it cannot be told
-    without building the env: a factory function, not a class)."""
-    import agentrl
-    from agentrl.env import Env, load_entry_point
-
-    target = agentrl.registry().get(name, name)
-    cls = load_entry_point(target) if isinstance(target, str) else target
-    return not (isinstance(cls, type) and issubclass(cls, Env) and cls.demonstrate is Env.demonstrate)
 
 
 async def warm_start_data(cfg: Config, env_factory: Callable[[], Any], train_tasks: Sequence[Task],

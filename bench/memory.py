@@ -8,9 +8,9 @@ learner alone in several precisions.
 
 Run mode polls the RSS of the whole process tree (psutil, every 0.2 s) and prints one JSON line
 with `peak_rss_gb` and `breakdown_gb`; `peak_process_rss_gb` is the run's own process alone and
-`peak_children_rss_gb` the most its children held at once (sandboxes running the policy's code). The breakdown is computed from the model's parameter
-count (weights, gradients, two Adam moments in fp32 or 8 bits as `trainer.optimizer` says, weight
-copies for the engines); `other_gb`
+`peak_children_rss_gb` the most its children held at once (sandboxes running the policy's code).
+The breakdown is computed from the model's parameter count (weights, gradients, two Adam moments
+in fp32 or 8 bits as `trainer.optimizer` says, weight copies for the engines); `other_gb`
 (activations, engine KV cache, interpreter, sandboxes) is the remainder.
 
 Phase timeline (agentrl runs): the run writes a line to $AGENTRL_PHASE_LOG whenever it enters a
@@ -63,17 +63,16 @@ def tree_rss(proc: Any) -> tuple[int, int]:
     """Memory of a process and all its descendants, and of the process alone, in bytes (vanished
     ones count 0): a run's own memory apart from its children's (sandboxes, servers). The process
     counts its RSS, each descendant its USS (the pages only it maps): a child forked to start a
-    sandbox shares all of its parent's pages until it execs, and its RSS would count them twice
-    (single 0.2-s samples 2-3 GB above the run in stop 36's code runs)."""
+    sandbox shares all of its parent's pages until it execs, and its RSS would count them twice."""
     import psutil
 
-    total = own = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    own = children = 0
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        own = proc.memory_info().rss
+    for p in proc.children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            rss = p.memory_info().rss if p is proc else p.memory_full_info().uss
-            total += rss
-            own = rss if p is proc else own
-    return total, own
+            children += p.memory_full_info().uss
+    return own + children, own
 
 
 def param_count(model_name: str) -> int:

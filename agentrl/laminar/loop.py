@@ -238,9 +238,8 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
         groups = await wait_batch(system, n, timeout_s)
         if guide is None:
             return groups
-        sizes = [len(g.trajectories) for g in groups]
         groups = await guide(groups)
-        guided += sum(len(g.trajectories) > size for g, size in zip(groups, sizes))
+        guided += sum(any(t.demonstrated for t in g.trajectories) for g in groups)
         return groups
 
     if not dynamic:
