@@ -52,3 +52,13 @@ def test_learner_bench_times_a_padded_and_a_packed_pass() -> None:
     assert line["tokens_packed"] == 40 + 10 + 12 < line["tokens_padded"] == 2 * 52
     assert line["padded_s"] > 0 and line["packed_s"] > 0 and line["packed_speedup"] > 0
     assert line["policy_tokens"] > 0 and line["logprob_max_abs_diff"] < 1e-4  # the same log-probs
+
+
+def test_learner_step_bench_trains_the_same_batch_under_the_baseline_and_the_config() -> None:
+    line = bench_line("bench/learner_step.py", "--env", "swe", "--prefix", "40", "--suffixes", "10,12",
+                      "--steps", "2")
+    assert line["rows"] == 2 and line["tokens"] == 2 * 40 + 10 + 12  # swe's one group of two, unpadded
+    assert line["baseline_step_s"] > 0 and line["config_step_s"] > 0 and line["step_speedup"] > 0
+    assert "trainer.dtype=float32" in line["baseline_setting"]
+    assert line["config_optimizer"].endswith("AdamW8bit")  # swe's `optimizer: auto` in one process
+    assert line["baseline_peak_rss_gb"] > 0.5 and line["config_peak_rss_gb"] > 0.5  # each arm loaded the model
