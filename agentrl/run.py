@@ -249,11 +249,20 @@ class _StagedLearner:
 
     def state_dict_views(self) -> dict[str, Any]:
         """What the loop pushes: views where the learner offers them (see laminar.loop)."""
-        if status.stage == "learning":  # not the first push of v0, made while rollout starts
-            status.stage = "pushing weights"  # until the step callback (after the push) says rollout
+        self._pushing()
         from agentrl.laminar.loop import weight_views
 
         return weight_views(self._learner)
+
+    def adapter_views(self) -> dict[str, Any]:
+        """What the loop pushes to engines that apply LoRA adapters themselves (vLLM)."""
+        self._pushing()
+        return self._learner.adapter_views()
+
+    @staticmethod
+    def _pushing() -> None:
+        if status.stage == "learning":  # not the first push of v0, made while rollout starts
+            status.stage = "pushing weights"  # until the step callback (after the push) says rollout
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._learner, name)

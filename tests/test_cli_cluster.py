@@ -81,6 +81,19 @@ def test_train_vllm_engine(tmp_path: Path) -> None:
     _train(tmp_path, "vllm", "engine.kind=vllm", "engine.max_model_len=2048")
 
 
+@pytest.mark.vllm
+def test_train_lora_on_vllm_pushes_adapters(tmp_path: Path) -> None:
+    """`agentrl train --env code engine.kind=vllm trainer.lora.rank=8`: the trained adapters reach
+    vLLM as a LoRA adapter (a few MB through the relay), not as merged weights."""
+    pytest.importorskip("vllm")
+    run_dir = _train(tmp_path, "vllm-lora", "engine.kind=vllm", "engine.max_model_len=2048", "trainer.lora.rank=8")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["weight_push"] == "lora adapters"
+    assert 0 < max(summary["relay_snapshot_bytes"].values()) < 8 << 20  # not the 540 MB of merged weights
+    rows = metrics(run_dir)
+    assert rows[-1]["version"] == trained(rows)
+
+
 @pytest.mark.ray
 @pytest.mark.vllm
 @pytest.mark.docker

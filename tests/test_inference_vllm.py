@@ -4,6 +4,7 @@ forward pass, stops, and in-place weight updates without an engine restart."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -136,3 +137,55 @@ async def test_vllm_engine_trains(engine, hf_model):
 
     await engine.load_weights(hf_model.state_dict(), version=0)  # the base weights, as a new run starts
     await one_step(engine_config("vllm"), engine)
+
+
+async def test_lora_run_pushes_adapters_that_vllm_applies_as_the_learner_does(model_path, prompts, tmp_path):
+    """A LoRA run on vLLM (`trainer.lora` with `engine.kind=vllm`): the push built by the loop's
+    `push_weights` through a real relay is the adapters alone (peft names, a few MB), and the engine
+    built by `make_engine` samples with log-probs of the learner's adapted model; a second push
+    replaces the first adapter (its folder is gone) and a closed engine leaves none behind."""
+    from agentrl.inference import make_engine
+    from agentrl.laminar.loop import LaminarSystem, engines_take_adapters, push_weights
+    from agentrl.laminar.relay import Relay, RelayChain
+    from agentrl.laminar.runtime import LocalRuntime
+    from agentrl.trainer.distributed import make_learner
+    from tests.test_engine_conformance import engine_config
+
+    cfg = engine_config("vllm", **{"model.dtype": "float32", "trainer.dtype": "float32", "trainer.lora.rank": "8",
+                                   "trainer.lora.targets": "[q_proj,v_proj]"})
+    assert engines_take_adapters(cfg)
+    learner = make_learner(model_path, cfg.trainer)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B = 0 at init: give the adapters an effect the engine must reproduce
+        for name, p in learner.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    chain = RelayChain([Relay("relay0")])
+    await chain.build()
+    system = LaminarSystem(LocalRuntime(), None, None, None, chain, {}, None, "sync", push_adapters=True)
+    engine = make_engine(cfg)
+    try:
+        await push_weights(system, learner, 1)
+        snap = await chain.master.fetch_latest(policy="local")
+        snapshot = snap.state_dict()
+        assert snap.version == 1 and snapshot and all(".lora_" in k and k.startswith("base_model.model.")
+                                                      for k in snapshot)
+        assert snap.nbytes < 8 << 20  # the adapters, not the 540 MB model
+        await engine.load_weights(snapshot, snap.version)
+        first = engine._adapter.lora_path
+        sp = SamplingParams(temperature=1.0, max_tokens=16, seed=7)
+        learner.model.eval()
+        for prompt in prompts[:2]:
+            out = await engine.generate(prompt, sp)
+            assert out.version == 1
+            assert float(diffs(learner.model, prompt, out, 1.0).max()) < BOUND
+        base = load_model(model_path)  # the adapter changed what the engine computes
+        assert float(diffs(base, prompts[0], await engine.generate(prompts[0], sp), 1.0).max()) > 1e-2
+        await push_weights(system, learner, 2)
+        snap = await chain.master.fetch_latest(policy="local")
+        await engine.load_weights(snap.state_dict(), snap.version)
+        assert engine.version == 2 and not Path(first).exists() and Path(engine._adapter.lora_path).exists()
+    finally:
+        last = engine._adapter.lora_path if engine._adapter is not None else None
+        await engine.close()
+    assert last is None or not Path(last).exists()

@@ -47,5 +47,6 @@ def make_engine(cfg: Config) -> InferenceEngine:
 
         return VLLMEngine(path, dtype=cfg.model.dtype, max_model_len=cfg.engine.max_model_len,
                           max_num_seqs=cfg.engine.max_batch_size,
-                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.run.seed)
+                          gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.run.seed,
+                          lora=cfg.trainer.lora)
     raise ValueError(f"engine.kind {kind!r} is not one of 'hf', 'vllm', 'openai'")

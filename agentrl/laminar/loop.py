@@ -61,6 +61,8 @@ class LaminarSystem:
     # name -> dtype the relays store a weight in: the in-process engines' forward precision, so
     # they share the snapshot instead of holding a cast copy (`rollout_weight_dtypes`)
     weight_dtypes: dict[str, str] = field(default_factory=dict)
+    # a LoRA run whose engines apply adapters themselves (vLLM): pushes carry the adapters only
+    push_adapters: bool = False
 
 
 def rollout_weight_dtypes(engines: list[Any]) -> dict[str, str]:
@@ -154,7 +156,13 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     await manager.start()
     return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s,
                          engines=[e for e in engines if hasattr(e, "generate")],
-                         weight_dtypes=rollout_weight_dtypes(list(engines)))
+                         weight_dtypes=rollout_weight_dtypes(list(engines)), push_adapters=engines_take_adapters(cfg))
+
+
+def engines_take_adapters(cfg: Config) -> bool:
+    """A LoRA run on vLLM engines pushes the adapters (a few MB), which vLLM applies beside the base
+    weights it loaded itself; the hf engine takes merged weights."""
+    return cfg.trainer.lora.rank > 0 and cfg.engine.kind == "vllm"
 
 
 async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> float:
@@ -187,7 +195,10 @@ def weight_views(learner: Any) -> dict[str, Any]:
 async def push_weights(system: LaminarSystem, learner: Any, version: int) -> float:
     """Push the learner's weights as `version` to the master relay; returns the copy's seconds.
     A sharded learner (one that describes its weights, `weight_meta`) streams them a gathered
-    chunk at a time into the relay's buffer; any other hands over views (or a clone)."""
+    chunk at a time into the relay's buffer; any other hands over views (or a clone). Engines
+    that apply LoRA adapters themselves get the adapters alone (`engines_take_adapters`)."""
+    if system.push_adapters:
+        return await system.chain.push(await asyncio.to_thread(learner.adapter_views), version, {})
     if hasattr(learner, "weight_meta"):
         metas = [WeightMeta(*m) for m in await asyncio.to_thread(learner.weight_meta)]
         return await system.chain.push_stream(metas, learner.iter_weight_chunks, version, system.weight_dtypes)
@@ -409,6 +420,9 @@ async def summarize(system: LaminarSystem, records: list[dict[str, Any]]) -> dic
         "train_s": sum(r["learn_s"] for r in records),
         "push_stall_s": [r["push_stall_s"] for r in records],
         "broadcast_s": {n: s["broadcast_s"] for n, s in relay_stats.items()},
+        # what a push carries (engines_take_adapters) and its size in each relay
+        "weight_push": "lora adapters" if system.push_adapters else "weights",
+        "relay_snapshot_bytes": {n: s["snapshot_bytes"] for n, s in relay_stats.items()},
         "rollout_idle_s": {n: w["idle_s"] for n, w in worker_stats.items()},
         "weight_pull_s": pulls, "staleness_hist": dict(sorted(hist.items())),
         "repack_moves": mgr["repack_moves"], "repack_rounds": mgr["repack_rounds"], "moves": mgr["moves"],

@@ -428,7 +428,8 @@ class Relay:
         return self._complete.version, await asyncio.to_thread(checksum, self._complete.flat)
 
     async def get_stats(self) -> dict[str, Any]:
-        return dict(self.stats, version=await self.latest_version(), announced=self._announced)
+        return dict(self.stats, version=await self.latest_version(), announced=self._announced,
+                    snapshot_bytes=self._complete.nbytes if self._complete is not None else 0)
 
     async def stop(self) -> None:
         if self._forwarder is not None:

@@ -36,7 +36,7 @@ from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
 from agentrl.models import resolve_device
 from agentrl.trainer.batch import TrainBatch
-from agentrl.trainer.learner import Learner, hf_name, make_optimizer
+from agentrl.trainer.learner import Learner, hf_name, make_optimizer, peft_adapter_name
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 
 
@@ -133,6 +133,12 @@ class ShardedLearner(Learner):
             if k in tied.values():
                 twins[k] = full
             yield hf_name(k), full
+
+    def adapter_views(self) -> dict[str, Tensor]:
+        """The LoRA adapters, each gathered in full (every rank must call it), under peft's names."""
+        if not self.lora:
+            raise ValueError("adapter_views: this learner trains no LoRA adapters (trainer.lora.rank=0)")
+        return {peft_adapter_name(k): _gather(v) for k, v in self.model.state_dict().items() if ".lora_" in k}
 
     def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
         """(HF name, full shape, dtype, tied-to name) of each weight `weight_items` yields,
@@ -244,6 +250,9 @@ class LearnerRank:
             result: Any = learner.step(arg)
         elif cmd == "weights":  # every rank takes part in each gather; rank 0 keeps the result
             result = {k: v for k, v in learner.weight_items() if rank == 0} or None
+        elif cmd == "adapters":  # every rank takes part in each gather; rank 0 keeps the LoRA adapters
+            adapters = learner.adapter_views()
+            result = adapters if rank == 0 else None
         elif cmd == "weight_meta":
             result = learner.weight_meta() if rank == 0 else None
         elif cmd == "weights_begin":  # a streamed push: one chunk of gathered weights per "weights_next"
@@ -495,6 +504,9 @@ class DistributedLearner:
         return self._call("weights")
 
     state_dict_views = state_dict_for_inference
+
+    def adapter_views(self) -> dict[str, Tensor]:
+        return self._call("adapters")
 
     def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
         return self._call("weight_meta")

@@ -111,6 +111,21 @@ def hf_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield hf_name(k), v.detach().to("cpu")
 
 
+def peft_adapter_name(key: str) -> str:
+    """A LoRA state-dict key as `PeftModel.save_pretrained` writes it (what vLLM's LoRA loader reads):
+    `model.layers.0.self_attn.q_proj.lora_A.default.weight` -> `base_model.model.model.layers.0.
+    self_attn.q_proj.lora_A.weight` (the adapters are injected into the bare model in place)."""
+    return "base_model.model." + key.replace(".default.", ".")
+
+
+def adapter_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(peft name, detached CPU view) of each LoRA adapter tensor of `model`: the push to an engine
+    that applies adapters itself (vLLM), a few MB instead of the merged weights."""
+    for k, v in model.state_dict().items():
+        if ".lora_" in k:
+            yield peft_adapter_name(k), v.detach().to("cpu")
+
+
 def merged_lora_weights(model_path: str | Path, lora: LoRAConfig, adapter: dict[str, Tensor]) -> dict[str, Tensor]:
     """The base model's weights with a checkpoint's adapter (`training_state()["model"]` of a LoRA
     learner) merged in, under the HF names: what `agentrl eval --checkpoint` gives an engine."""
@@ -519,6 +534,13 @@ class Learner:
         parameters): valid until the next `step`, so a caller copies them out (relay buffer,
         engine) before training goes on."""
         return dict(self.weight_items())
+
+    def adapter_views(self) -> dict[str, Tensor]:
+        """The LoRA adapters under peft's names (views, valid until the next `step`): what a vLLM
+        engine loads as a LoRA adapter instead of merged weights (`laminar.loop.push_weights`)."""
+        if not self.lora:
+            raise ValueError("adapter_views: this learner trains no LoRA adapters (trainer.lora.rank=0)")
+        return dict(adapter_items(self.model))
 
     def iter_weight_chunks(self, max_bytes: int = 64 << 20) -> Iterator[dict[str, Tensor]]:
         """`state_dict_views()` in groups of at most `max_bytes` (a tensor larger than that is a

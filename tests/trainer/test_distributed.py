@@ -125,16 +125,18 @@ def test_lora_on_sharded_learners_equals_one_learner_and_checkpoints_the_adapter
     """trainer.lora with trainer.num_learners=2: the frozen base and the adapters are FSDP2-sharded
     together; after a step the merged weights the engines get (base + B·A·scale, gathered) equal
     the single LoRA learner's within 1e-5; the checkpoint holds the adapter only and loads into a
-    single learner, whose merged weights are then the sharded ones."""
+    single learner, whose merged weights are then the sharded ones. The adapters a vLLM engine
+    gets instead (`adapter_views`, gathered) equal the single learner's too."""
     path = tiny_model_dir(tmp_path)
     groups = on_policy_groups(31)
     lora = ("trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.micro_batch_size=1")
-    merged, states = {}, {}
+    merged, states, adapters = {}, {}, {}
     for n in (1, 2):
         learner = make_learner(path, config(path, f"trainer.num_learners={n}", *lora).trainer)
         try:
             learner.step(copy.deepcopy(groups))
             merged[n], states[n] = learner.state_dict_for_inference(), learner.training_state()
+            adapters[n] = learner.adapter_views()
             if n == 2:
                 streamed = {k: v for part in learner.iter_weight_chunks(16 << 10) for k, v in part.items()}
                 meta = learner.weight_meta()
@@ -148,6 +150,10 @@ def test_lora_on_sharded_learners_equals_one_learner_and_checkpoints_the_adapter
         torch.testing.assert_close(merged[2][k], merged[1][k], atol=1e-5, rtol=0, msg=k)
         assert torch.equal(streamed[k], merged[2][k]), k
     assert set(states[2]["model"]) == set(states[1]["model"]) and all(".lora_" in k for k in states[2]["model"])
+    assert set(adapters[2]) == set(adapters[1]) and all(k.startswith("base_model.model.") for k in adapters[1])
+    assert any(v.abs().max() > 0 for k, v in adapters[1].items() if ".lora_B." in k)  # B moved off its zero init
+    for k in adapters[1]:
+        torch.testing.assert_close(adapters[2][k], adapters[1][k], atol=1e-5, rtol=0, msg=k)
     single = make_learner(path, config(path, *lora).trainer)
     single.load_training_state(states[2])
     resumed = single.state_dict_for_inference()
