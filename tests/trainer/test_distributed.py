@@ -222,7 +222,7 @@ async def test_sharded_push_gives_the_engine_the_single_learners_logprobs(tmp_pa
             weights[n] = learner.state_dict_for_inference()
             if n == 2:  # and streamed into a relay, chunk by chunk, as the training loop pushes it
                 chain = RelayChain([Relay("master")])
-                await push_weights(SimpleNamespace(chain=chain, weight_dtypes={}), learner, 1)
+                await push_weights(SimpleNamespace(chain=chain, weight_dtypes={}, push_adapters=False), learner, 1)
                 snap = await chain.master.fetch_latest(policy="local")
                 streamed = snap.state_dict()
                 assert all(torch.equal(streamed[k], v) for k, v in weights[2].items())
