@@ -22,6 +22,7 @@ from torch import Tensor
 
 from agentrl.config import Config, ConfigError, WarmStartConfig
 from agentrl.demos import DemonstrationError, collect_demonstrations, trajectories_from_jsonl
+from agentrl.env import env_class_demonstrates
 from agentrl.heap import mapped_tensors
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.learner import Learner
@@ -157,8 +158,6 @@ def check_warm_start(cfg: Config) -> None:
 
         check_trajectory_file(ws.data)  # every line's schema, before the model loads
         return
-    from agentrl.env import env_class_demonstrates
-
     if not env_class_demonstrates(cfg.env.name):
         raise ConfigError(f"trainer.warm_start: env '{cfg.env.name}' has no demonstrations (no demonstrate()); "
                           "set trainer.warm_start.data=FILE.jsonl or trainer.warm_start.enabled=false")

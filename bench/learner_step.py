@@ -80,10 +80,9 @@ def run_arm(env: str, overrides: list[str], steps: int, prefix: int, suffixes: l
     groups = search_like_groups(learner.model, cfg.trainer.batch_groups, cfg.rollout.group_size,
                                 cfg.sampling.temperature, prefix, suffixes)
     seconds, metrics = [], {}
-    for _ in range(steps):
-        batch = [Group(id=g.id, task_id=g.task_id, trajectories=list(g.trajectories)) for g in groups]
+    for _ in range(steps):  # the step leaves the groups as they were (it builds its batch from them)
         t0 = time.perf_counter()
-        metrics = learner.step(batch)
+        metrics = learner.step(groups)
         seconds.append(time.perf_counter() - t0)
     return {"step_s": seconds, "rows": sum(len(g.trajectories) for g in groups), "tokens": metrics.get("num_tokens"), "policy_tokens": metrics.get("num_policy_tokens"),
             "dtype": str(learner.dtype).removeprefix("torch."), "optimizer": type(learner.optimizer).__module__

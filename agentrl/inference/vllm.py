@@ -135,50 +135,50 @@ class VLLMEngine:
                                        "prompt_tokens": float(len(prompt_ids))})
 
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Install new weights between requests: drain, load through the worker, drop the prefix cache."""
-        from safetensors.torch import save_file
-
+        """Install new weights between requests: drain, load through the worker (or, for LoRA
+        adapters alone, as the engine's adapter), drop the prefix cache."""
         async with self._swap_lock:
             self._open.clear()
             try:
                 await self._drained.wait()
                 if state_dict and all(".lora_" in k for k in state_dict):
                     await self._load_adapter(state_dict, version)
-                    return
-                folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
-                fd, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=folder)
-                os.close(fd)
-                try:
-                    # clone(): tied weights share storage, which safetensors refuses to save.
-                    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-                    await asyncio.to_thread(save_file, tensors, path)
-                    loaded = await self.llm.collective_rpc(_load_weights_on_worker, args=(path,))
-                finally:
-                    os.unlink(path)
-                if not any(loaded):
-                    raise ValueError(f"load_weights: vLLM loaded none of {sorted(state_dict)[:5]}")
+                else:
+                    await self._load_full(state_dict)
                 await self.llm.reset_prefix_cache()
                 self.version = version
             finally:
                 self._open.set()
 
+    async def _load_full(self, state_dict: dict[str, Any]) -> None:
+        """Full weights (HF names) into the worker's model, through a safetensors file."""
+        from safetensors.torch import save_file
+
+        fd, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=_scratch_dir())
+        os.close(fd)
+        try:
+            await asyncio.to_thread(save_file, _host_copies(state_dict), path)
+            loaded = await self.llm.collective_rpc(_load_weights_on_worker, args=(path,))
+        finally:
+            os.unlink(path)
+        if not any(loaded):
+            raise ValueError(f"load_weights: vLLM loaded none of {sorted(state_dict)[:5]}")
+
     async def _load_adapter(self, adapters: dict[str, Any], version: int) -> None:
-        """Install LoRA adapters (peft names) as the engine's adapter; the caller has drained it."""
+        """LoRA adapters (peft names) as a peft folder, registered as the adapter every request names."""
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         if self.lora is None:
             raise ValueError("load_weights got LoRA adapters, but this vLLM engine was built without trainer.lora")
-        folder = tempfile.mkdtemp(prefix="agentrl-adapter-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        folder = tempfile.mkdtemp(prefix="agentrl-adapter-", dir=_scratch_dir())
         config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.lora.rank,
                   "lora_alpha": self.lora.alpha, "target_modules": list(self.lora.targets), "lora_dropout": 0.0,
                   "bias": "none", "base_model_name_or_path": str(self.model_path)}
         try:
             with open(os.path.join(folder, "adapter_config.json"), "w") as f:
                 json.dump(config, f)
-            # clone(): relay snapshots are views of one buffer, which safetensors refuses to save
-            tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in adapters.items()}
-            await asyncio.to_thread(save_file, tensors, os.path.join(folder, "adapter_model.safetensors"))
+            await asyncio.to_thread(save_file, _host_copies(adapters), os.path.join(folder, "adapter_model.safetensors"))
             self._adapter_ids += 1
             adapter = LoRARequest(f"agentrl-v{version}", self._adapter_ids, folder)
             if not await self.llm.add_lora(adapter):
@@ -190,8 +190,6 @@ class VLLMEngine:
         if old is not None:  # vLLM may reload an adapter from its folder: removed before its folder
             await self.llm.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
-        await self.llm.reset_prefix_cache()
-        self.version = version
 
     async def close(self) -> None:
         if not self._closed:
@@ -204,6 +202,17 @@ class VLLMEngine:
             # TypeError traceback (gone from the vLLM tests' output; bench/rollout.py still shows it)
             self.llm = None
             gc.collect()
+
+
+def _scratch_dir() -> str | None:
+    """Where weight files for the worker go: RAM-backed /dev/shm where there is one."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _host_copies(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Contiguous CPU copies safetensors can save: tied weights and relay snapshots (views of one
+    buffer) share storage, which it refuses."""
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
 
 
 def _to_vllm(sampling: SamplingParams) -> Any:

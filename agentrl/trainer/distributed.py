@@ -36,7 +36,7 @@ from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
 from agentrl.models import resolve_device
 from agentrl.trainer.batch import TrainBatch
-from agentrl.trainer.learner import Learner, hf_name, make_optimizer, peft_adapter_name
+from agentrl.trainer.learner import Learner, adapter_items, hf_name, make_optimizer
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
 
 
@@ -138,7 +138,7 @@ class ShardedLearner(Learner):
         """The LoRA adapters, each gathered in full (every rank must call it), under peft's names."""
         if not self.lora:
             raise ValueError("adapter_views: this learner trains no LoRA adapters (trainer.lora.rank=0)")
-        return {peft_adapter_name(k): _gather(v) for k, v in self.model.state_dict().items() if ".lora_" in k}
+        return {k: _gather(v) for k, v in adapter_items(self.model)}
 
     def weight_meta(self) -> list[tuple[str, tuple[int, ...], str, str | None]]:
         """(HF name, full shape, dtype, tied-to name) of each weight `weight_items` yields,

@@ -119,11 +119,12 @@ def peft_adapter_name(key: str) -> str:
 
 
 def adapter_items(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(peft name, detached CPU view) of each LoRA adapter tensor of `model`: the push to an engine
-    that applies adapters itself (vLLM), a few MB instead of the merged weights."""
+    """(peft name, tensor as the model holds it: a shard under FSDP2) of each LoRA adapter of
+    `model`: the push to an engine that applies adapters itself (vLLM), a few MB instead of the
+    merged weights."""
     for k, v in model.state_dict().items():
         if ".lora_" in k:
-            yield peft_adapter_name(k), v.detach().to("cpu")
+            yield peft_adapter_name(k), v
 
 
 def merged_lora_weights(model_path: str | Path, lora: LoRAConfig, adapter: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -540,7 +541,7 @@ class Learner:
         engine loads as a LoRA adapter instead of merged weights (`laminar.loop.push_weights`)."""
         if not self.lora:
             raise ValueError("adapter_views: this learner trains no LoRA adapters (trainer.lora.rank=0)")
-        return dict(adapter_items(self.model))
+        return {k: v.detach().to("cpu") for k, v in adapter_items(self.model)}
 
     def iter_weight_chunks(self, max_bytes: int = 64 << 20) -> Iterator[dict[str, Tensor]]:
         """`state_dict_views()` in groups of at most `max_bytes` (a tensor larger than that is a
