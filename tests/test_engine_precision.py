@@ -117,21 +117,26 @@ async def test_an_unpadded_bf16_decode_step_takes_the_grouped_attention(prompts,
     assert one_token_kernel_calls == []
 
 
-@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize(("queries", "padded"), [(1, True), (1, False), (5, True)])
 @pytest.mark.parametrize("length", [7, 300])
-def test_grouped_decode_attention_equals_sdpa_on_a_strided_cache(length, padded):
+def test_grouped_decode_attention_equals_sdpa_on_a_strided_cache(length, padded, queries):
+    """One query per row (a decode step), or a few under a causal mask over the last columns (a
+    speculative step's verification, with a rejected draft's column masked out in one row)."""
     torch.manual_seed(0)
     batch, heads, kv_heads, dim = 3, 9, 3, 64
-    query = torch.randn(batch, heads, 1, dim).bfloat16()
+    query = torch.randn(batch, heads, queries, dim).bfloat16()
     buffer = torch.randn(batch, kv_heads, length + 64, dim).bfloat16()  # spare columns, as GrowingLayer
     key, value = buffer[:, :, :length], buffer.flip(-1)[:, :, :length]
-    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask = torch.ones(batch, 1, queries, length, dtype=torch.bool)
     mask[0, ..., : length // 2] = False  # a left-padded row
+    if queries > 1:
+        mask[..., -queries:] = torch.ones(queries, queries, dtype=torch.bool).tril()
+        mask[1, ..., -2] = False
     mask = mask if padded else None  # no row padded: transformers passes no mask at all
     got = grouped_decode_attention(query, key, value, mask, None)
     ref = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
-    assert got.shape == (batch, 1, heads, dim) and got.dtype == torch.bfloat16
+    assert got.shape == (batch, queries, heads, dim) and got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) < 2e-2  # bf16 rounding of the weights and output
 
 

@@ -13,6 +13,15 @@ is kept in a prefix store (LRU under `prefix_cache_mb`) and a later prompt that 
 those tokens prefills only the new ones. Rows of a prefill whose new-token counts differ a lot
 go in separate forward passes instead of one padded one.
 
+Prompt-lookup speculation (`speculative_tokens` > 0): an agent's turn repeats much of its context
+(the tool-call format of earlier turns, fields it copies from a tool's output), so each decode
+step proposes up to K tokens per row that follow the latest earlier occurrence of the row's last
+n-gram (`ngram.py`), feeds them with the row's next token in one forward pass, and keeps the
+longest run the model itself samples. Each position is sampled from the model's own processed
+distribution with the row's generator, one draw per emitted token, and a draft is kept only while
+it equals what was sampled: for a point-mass draft that is exactly speculative sampling's rule, so
+the output distribution and the log-probs are those of plain decoding.
+
 Weight updates (`load_weights`) follow Laminar (algorithms.md §1): admission pauses, the requests
 in flight finish on the weights they started with, the weights are swapped on an empty engine,
 then admission resumes. Every GenerateOutput therefore comes from exactly one weight version.
@@ -40,7 +49,8 @@ from transformers.cache_utils import DynamicLayer
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.cast_head import cast_tied_head_once
-from agentrl.inference.kv_cache import growing_cache
+from agentrl.inference.kv_cache import growing_cache, truncate_cache
+from agentrl.inference.ngram import propose_continuation
 from agentrl.inference.sampling import processed_logprobs, sample_tokens
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, torch_dtype
 
@@ -62,6 +72,13 @@ class _Request:
     checked_chars: int = 0  # decoded text already searched for stop strings
     batch_size_sum: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix store
+    drafted: int = 0  # prompt-lookup draft tokens fed for this request, and of them accepted
+    accepted: int = 0
+
+    def acceptance(self) -> float:
+        """The chance a draft token is kept, estimated from this request's own drafts (Laplace's
+        rule: 1/2 before any)."""
+        return (self.accepted + 1) / (self.drafted + 2)
 
 
 @dataclass
@@ -85,9 +102,16 @@ class HFEngine:
                  device: str = "cpu", num_threads: int | None = None, seed: int | None = None,
                  max_model_len: int | None = None, prefix_cache_mb: float = 1024,
                  attn_implementation: str | None = None, in_place_kv: bool = True,
-                 autocast: str = "float32", trim_every: int = 512) -> None:
+                 autocast: str = "float32", trim_every: int = 512, speculative_tokens: int = 4,
+                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens must be >= 0 (0 turns prompt-lookup speculation off), "
+                             f"got {speculative_tokens}")
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {prompt_lookup_min} "
+                             f"and {prompt_lookup_max}")
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns prefix reuse off), got {prefix_cache_mb}")
         if trim_every < 0:
@@ -123,6 +147,8 @@ class HFEngine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.tokenizer = load_tokenizer(model_path)
         self.max_batch_size = max_batch_size
+        self.speculative_tokens = speculative_tokens
+        self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
         self.version = 0
@@ -151,8 +177,10 @@ class HFEngine:
         self._borrowed: set[str] = set()  # parameters that are views of weights the engine does not own
         self._released: set[str] = set()  # parameters freed by `release_weights` until the next load
         self._shapes = {n: tuple(p.shape) for n, p in self.model.state_dict(keep_vars=True).items()}
-        # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused.
+        # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused;
+        # draft_tokens / accepted_tokens: prompt-lookup drafts fed / kept (their ratio is the acceptance).
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
+                                          "draft_tokens": 0, "accepted_tokens": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0,
                                           "heap_trims": 0, "heap_trim_s": 0.0}
@@ -434,9 +462,14 @@ class HFEngine:
     def _step_locked(self, admitted: list[_Request]) -> list[_Request]:
         self._drop_finished()
         old = self._batch
+        emitted = 0
         if old is not None:
-            logits = self._decode(old)
-            self._advance(old, logits)
+            drafts = self._drafts(old)
+            if any(drafts):
+                emitted = self._speculate(old, drafts)
+            else:
+                self._advance(old, self._decode(old))
+                emitted = len(old.rows)
         if admitted:
             for request in admitted:
                 request.started = time.perf_counter()
@@ -448,7 +481,7 @@ class HFEngine:
         m = self.metrics
         m["steps"] += 1
         m["prefills"] += bool(admitted)
-        m["tokens"] += size
+        m["tokens"] += emitted + len(admitted)
         m["batch_size_sum"] += size
         m["max_batch_size"] = max(m["max_batch_size"], size)
         finished = [r for r in (self._batch.rows if self._batch else []) if r.finish_reason is not None]
@@ -537,6 +570,69 @@ class HFEngine:
         batch.positions = batch.positions + 1
         return out.logits[:, -1]
 
+    def _drafts(self, batch: _Batch) -> list[list[int]]:
+        """Each row's prompt-lookup draft, empty when speculation is off or nothing matches, cut
+        so that the tokens a step can emit (the drafts and one more) stay within the row's
+        max_tokens and the model's length, and to the common length `_draft_width` picks."""
+        if not self.speculative_tokens:
+            return [[] for _ in batch.rows]
+        out = []
+        for r in batch.rows:
+            room = min(r.sampling.max_tokens - len(r.token_ids),
+                       self.max_model_len - len(r.prompt_ids) - len(r.token_ids)) - 1
+            k = min(self.speculative_tokens, room)
+            out.append(propose_continuation(r.prompt_ids + r.token_ids, k, *self.prompt_lookup) if k > 0 else [])
+        width = _draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows])
+        return [d[:width] for d in out]
+
+    def _speculate(self, batch: _Batch, drafts: list[list[int]]) -> int:
+        """One forward pass over each row's next token and its draft; each row keeps the drafts
+        that equal the tokens it samples, position by position, and one sampled token more (see
+        the module docstring). The columns of rejected drafts stay in the cache with mask 0 (as
+        padding), the trailing ones that no row kept are cut. Returns the tokens emitted."""
+        width = 1 + max(len(d) for d in drafts)
+        rows = len(batch.rows)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        fed = torch.zeros((rows, width), dtype=torch.long)
+        ids[:, 0] = batch.next_ids.cpu()
+        for i, d in enumerate(drafts):
+            ids[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long)
+            fed[i, :1 + len(d)] = 1
+        past = batch.mask.shape[1]
+        mask = torch.cat([batch.mask, fed.to(self.device)], dim=1)
+        positions = batch.positions[:, None] + torch.arange(width, device=self.device)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                         use_cache=True, **{self._cache_kwarg: batch.cache})
+        temps = torch.tensor([r.sampling.temperature for r in batch.rows], device=self.device).repeat_interleave(width)
+        top_p = torch.tensor([r.sampling.top_p for r in batch.rows], device=self.device).repeat_interleave(width)
+        logp = processed_logprobs(out.logits.reshape(rows * width, -1), temps, top_p).reshape(rows, width, -1)
+        kept = []
+        for i, (r, d) in enumerate(zip(batch.rows, drafts)):
+            n = 0  # tokens this row emits; the first n fed columns are then its sequence
+            for j in range(1 + len(d)):
+                (tok,), (lp,) = sample_tokens(logp[i, j:j + 1], [r.sampling.temperature == 0], [r.generator])
+                r.token_ids.append(tok)
+                r.logprobs.append(lp)
+                r.finish_reason = self._finish_reason(r)
+                n += 1
+                if r.finish_reason is not None or j == len(d) or tok != d[j]:
+                    break
+            mask[i, past + n:] = 0
+            kept.append(n)
+            r.drafted += len(d)
+            r.accepted += n - 1
+        m = self.metrics
+        m["draft_tokens"] += sum(len(d) for d in drafts)
+        m["accepted_tokens"] += sum(kept) - rows
+        used = past + max(kept)
+        if used < mask.shape[1]:  # columns no row kept: cut them from the cache
+            mask = mask[:, :used]
+            truncate_cache(batch.cache, used)
+        batch.mask = mask
+        batch.positions = batch.positions + torch.tensor(kept, device=self.device)
+        batch.next_ids = torch.tensor([r.token_ids[-1] for r in batch.rows], dtype=torch.long, device=self.device)
+        return sum(kept)
+
     def _advance(self, batch: _Batch, logits: torch.Tensor) -> None:
         """Sample one token per row from the last logits, record it, decide whether the row is done."""
         rows = batch.rows
@@ -592,6 +688,29 @@ class HFEngine:
             for layer in batch.cache.layers:
                 layer.keys = layer.keys[..., lead:, :]
                 layer.values = layer.values[..., lead:, :]
+
+
+# A forward pass's cost on a CPU is a fixed part (streaming the weights, ~30 layers of kernel
+# launches) plus a part per token fed: SmolLM2-135M in bf16 on one core took 66 + ~1.6 ms per
+# token (1-16 rows x 1-5 tokens over 400 cached, stop 38), so the fixed part is worth ~40 tokens.
+FORWARD_FIXED_TOKENS = 40
+
+
+def _draft_width(lengths: list[int], acceptance: list[float], fixed: float = FORWARD_FIXED_TOKENS) -> int:
+    """How many draft tokens per row the next step feeds: the d that maximises expected tokens
+    emitted per unit of forward cost, (rows + Σ_i Σ_{j≤min(len_i, d)} a_i^j) / (fixed + rows·(1+d)),
+    where a draft's j-th token is kept with chance a_i^j (each earlier one kept too). Every row
+    pays for the widest draft (the batch is one padded rectangle), so a lone long draft in a big
+    batch is not worth feeding. 0 means a plain decode step."""
+    rows = len(lengths)
+    best, best_rate = 0, rows / (fixed + rows)
+    gain = 0.0
+    for d in range(1, max(lengths, default=0) + 1):
+        gain += sum(a ** d for n, a in zip(lengths, acceptance) if n >= d)
+        rate = (rows + gain) / (fixed + rows * (1 + d))
+        if rate > best_rate:
+            best, best_rate = d, rate
+    return best
 
 
 _KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, heads, tokens, dim)

@@ -69,6 +69,10 @@ class GrowingLayer(DynamicLayer):
         self._v, self._v_len = _append(self._v, self._v_len, value_states, self.grow)
         return self.keys, self.values  # type: ignore[return-value]
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` columns; the buffer stays, so the next steps write in place."""
+        self._k_len, self._v_len = min(self._k_len, length), min(self._v_len, length)
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep rows `indices`, spare columns included (the next step still writes in place)."""
         if self._k is not None and self._v is not None and self._k_len:
@@ -90,6 +94,15 @@ def _append(buffer: torch.Tensor | None, filled: int, new: torch.Tensor, grow: i
         buffer = larger
     buffer[..., filled:end, :] = new
     return buffer, end
+
+
+def truncate_cache(cache: DynamicCache, length: int) -> None:
+    """Cut every layer of `cache` to its first `length` columns (in place for `GrowingLayer`s)."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.truncate(length)
+        elif layer.keys is not None and layer.values is not None:
+            layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
 
 
 def growing_cache(config: Any) -> DynamicCache:
