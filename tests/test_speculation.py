@@ -128,3 +128,27 @@ def test_speculative_tokens_must_not_be_negative():
 
     with pytest.raises(ValueError, match="speculative_tokens"):
         HFEngine(resolve_configured(_config().model), speculative_tokens=-1)
+
+
+async def test_a_compacted_cache_generates_what_the_sparse_one_does(prompts, monkeypatch):
+    """Rows whose masked columns are squeezed out of the cache (here after every step that can
+    save a column) emit the same tokens with the same log-probs as the uncompacted engine."""
+    import agentrl.inference.hf as hf
+
+    def sampling(i: int) -> SamplingParams:
+        return SamplingParams(temperature=0.7, max_tokens=40, seed=i)
+
+    sparse, _, _ = await _generate(_config(), prompts, sampling)
+    compactions = []
+    real = hf._compact_if_sparse
+
+    def always(batch):
+        before = batch.mask.shape[1]
+        real(batch, min_saved=1, min_fraction=0.0)
+        compactions.append(before - batch.mask.shape[1])
+
+    monkeypatch.setattr(hf, "_compact_if_sparse", always)
+    dense, _, _ = await _generate(_config(), prompts, sampling)
+    assert sum(compactions) > 0  # columns were squeezed out
+    assert [o.token_ids for o in dense] == [o.token_ids for o in sparse]
+    assert max(abs(a - b) for o, r in zip(dense, sparse) for a, b in zip(o.logprobs, r.logprobs)) < 1e-4

@@ -488,6 +488,8 @@ class HFEngine:
         if finished and self._prefix.budget:
             self._keep_prefixes()
         self._drop_finished()
+        if self._batch is not None:
+            _compact_if_sparse(self._batch)
         return finished
 
     def _prefill(self, requests: list[_Request]) -> _Batch:
@@ -808,6 +810,31 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = width - t.shape[dim]
     return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _compact_if_sparse(batch: _Batch, min_saved: int = 64, min_fraction: float = 0.5) -> None:
+    """Move each row's cached tokens to the right end of a narrower cache when masked columns (a
+    prefill's padding between a kept prefix and the new tokens, the drafts a row rejected while
+    another kept them) make up `min_fraction` of it, and at least `min_saved` columns: every later step reads every column, and a long
+    generation in a mixed batch would otherwise grow its cache by the widest row's drafts. The
+    keys carry their rotary positions already and `positions` counts real tokens, so nothing
+    else changes."""
+    counts = batch.mask.sum(-1)
+    width, kept = batch.mask.shape[1], int(counts.max())
+    if width - kept < max(min_saved, min_fraction * width):
+        return
+    rows = batch.mask.shape[0]
+    index = torch.zeros((rows, kept), dtype=torch.long, device=batch.mask.device)
+    mask = torch.zeros((rows, kept), dtype=batch.mask.dtype, device=batch.mask.device)
+    for i in range(rows):
+        cols = batch.mask[i].nonzero().squeeze(-1)
+        index[i, kept - len(cols):] = cols
+        mask[i, kept - len(cols):] = 1
+    for layer in batch.cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            setattr(layer, name, t.gather(2, index[:, None, :, None].expand(t.shape[0], t.shape[1], kept, t.shape[3])))
+    batch.mask = mask
 
 
 def _merge(a: _Batch, b: _Batch) -> _Batch:
