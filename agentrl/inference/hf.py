@@ -815,10 +815,10 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 def _compact_if_sparse(batch: _Batch, min_saved: int = 64, min_fraction: float = 0.5) -> None:
     """Move each row's cached tokens to the right end of a narrower cache when masked columns (a
     prefill's padding between a kept prefix and the new tokens, the drafts a row rejected while
-    another kept them) make up `min_fraction` of it, and at least `min_saved` columns: every later step reads every column, and a long
-    generation in a mixed batch would otherwise grow its cache by the widest row's drafts. The
-    keys carry their rotary positions already and `positions` counts real tokens, so nothing
-    else changes."""
+    another kept them) make up `min_fraction` of it, and at least `min_saved` columns: every
+    later step reads every column, and a long generation in a mixed batch would otherwise grow
+    its cache by the widest row's drafts. The keys carry their rotary positions already and
+    `positions` counts real tokens, so nothing else changes."""
     counts = batch.mask.sum(-1)
     width, kept = batch.mask.shape[1], int(counts.max())
     if width - kept < max(min_saved, min_fraction * width):
