@@ -30,10 +30,10 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 SDPA_GQA = "sdpa_gqa"
-SHARED_PREFIX = "shared_prefix"
+SHARED_PREFIX = "shared_prefix"  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
 # Queries per row up to which a low-precision attention takes `grouped_decode_attention` (a decode
 # step, a speculative step's verification); longer ones (a prefill) go to torch's kernel.
-MAX_GROUPED_QUERIES = 16  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
+MAX_GROUPED_QUERIES = 16
 
 
 def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
