@@ -112,7 +112,10 @@ def grouped_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torc
         scores = scores.view(batch, kv_heads, group, queries, length)
         mask = attention_mask.expand(attention_mask.shape[0], 1, queries, length)[:, :, None]
         if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, float("-inf"))
+            # the lowest finite score, not -inf: a query that may attend to nothing (a prefill's
+            # left padding) gets finite weights instead of NaN, which the next layer would read
+            # back through its masked key as 0 * NaN; rows with a key to attend are unchanged
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
         else:
             scores += mask
         scores = scores.view(batch, kv_heads, group * queries, length)

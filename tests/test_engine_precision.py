@@ -95,6 +95,30 @@ async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noi
     assert float(every.mean()) < 0.06 and float(every.max()) < 1.0
 
 
+async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(path):
+    """Prompts of at most MAX_GROUPED_QUERIES tokens and different lengths, with no prefix to reuse,
+    are prefilled through the grouped attention, where a left-padding query attends to nothing. Its
+    output must stay finite: the next layer reads that position back as a masked key (0 x NaN is
+    NaN), and stop 38's first version sampled the padded rows from NaN log-probs."""
+    from agentrl.attention import MAX_GROUPED_QUERIES
+
+    tok = load_tokenizer(path)
+    short = [tok.encode(q) for q in ("Say hello.", "Repeat: a b c a b c a b c", "Count from 1 to 20, one by one.")]
+    assert len({len(p) for p in short}) == 3 and max(map(len, short)) <= MAX_GROUPED_QUERIES
+    engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
+    trainer = load_model(path)
+    try:
+        outs = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_tokens=8, seed=i))
+                                      for i, p in enumerate(short)))
+    finally:
+        await engine.close()
+    for prompt, out in zip(short, outs):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            ref = token_logprobs(trainer, ids)[0, len(prompt):]
+        assert float((ref - torch.tensor(out.logprobs)).abs().max()) < 1.0  # whole nats (or NaN) if broken
+
+
 async def test_an_unpadded_bf16_decode_step_takes_the_grouped_attention(prompts, monkeypatch):
     """A request alone in the batch has no padding, so transformers passes no mask; its decode
     steps must still take the grouped attention, not torch's one-token bf16 CPU kernel (a 10-row
@@ -138,6 +162,22 @@ def test_grouped_decode_attention_equals_sdpa_on_a_strided_cache(length, padded,
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
     assert got.shape == (batch, queries, heads, dim) and got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) < 2e-2  # bf16 rounding of the weights and output
+
+
+def test_grouped_attention_of_a_query_with_nothing_to_attend_is_finite():
+    """A left-padding query in a prefill attends to no key; its output must be finite (unused,
+    but read back by the next layer as a masked key), and the other rows' unchanged."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 9, 4, 64).bfloat16(), torch.randn(2, 3, 6, 64).bfloat16(), \
+        torch.randn(2, 3, 6, 64).bfloat16()
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()[-4:].expand(2, 1, 4, 6).clone()
+    mask[1, ..., :3] = False  # row 1: three columns of left padding, so its first query sees nothing
+    got = grouped_decode_attention(query, key, value, mask, None)
+    assert bool(got.isfinite().all())
+    ref = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
+                                                           attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    live = mask.any(-1)[:, 0]  # [B, q]: queries with a key to attend
+    assert float((got.float() - ref)[live].abs().max()) < 2e-2
 
 
 async def test_relay_stores_the_engine_precision_and_the_engine_shares_it(path, prompts):
