@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -203,3 +204,69 @@ def test_agentrl_train_uses_the_gpu(model_dir: Path, tmp_path: Path) -> None:
     summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert summary["learners"]["device"] == "cuda"
     assert summary["engine_device"].startswith("cuda")
+
+
+
+@pytest.fixture(scope="session")
+def looping_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two-layer model made to repeat itself, so that prompt-lookup drafts exist and are mostly
+    kept: small embeddings (initializer 0.02) tied to the head make the last token the likeliest
+    next one (p ~ 0.7 at T = 1, a point mass greedy), and the layers' outputs scaled by 0.03 keep
+    the context in the log-probs without drowning that."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("looping-smollm2")
+    config = AutoConfig.from_pretrained(model_dir)
+    config.initializer_range = 0.02
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.03)
+            layer.mlp.down_proj.weight.mul_(0.03)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_engine_speculation_emits_the_plain_engines_tokens(looping_model_dir: Path, dtype: str) -> None:
+    """Prompt-lookup speculation (engine.speculative_tokens, on by default) on the GPU: fp32 emits
+    the plain engine's tokens and log-probs and the learner's log-probs, greedy (every draft kept)
+    and seeded at T = 1 (some rejected); bf16 (the prefill's cast LM head, the verification pass)
+    runs and keeps drafts too."""
+    from agentrl.trainer.logprobs import token_logprobs
+
+    asks = ["Count from 1 to 20, separated by commas.", "Say hello.", "Repeat: a b c a b c a b c"]
+    temperatures = [0.0, 1.0, 1.0]
+
+    async def run(*overrides: str) -> tuple[list[GenerateOutput], dict]:
+        engine = make_engine(_engine_cfg(looping_model_dir, f"trainer.dtype={dtype}", *overrides))
+        assert engine.device.type == "cuda"
+        prompts = [engine.tokenizer.encode(a) for a in asks]
+        try:
+            outs = await asyncio.gather(*(engine.generate(list(p), SamplingParams(
+                max_tokens=48, temperature=t, seed=i)) for i, (p, t) in enumerate(zip(prompts, temperatures))))
+            return list(outs), dict(engine.metrics) | {"prompts": prompts, "engine": engine}
+        finally:
+            await engine.close()
+
+    spec, m = asyncio.run(run())
+    plain, m0 = asyncio.run(run("engine.speculative_tokens=0"))
+    print(f"\n{dtype} on cuda: drafts fed {m['draft_tokens']}, kept {m['accepted_tokens']}; "
+          f"row-steps {m['batch_size_sum']} vs {m0['batch_size_sum']} plain")
+    assert m["accepted_tokens"] > 0 and m["batch_size_sum"] < m0["batch_size_sum"]
+    assert all(math.isfinite(lp) for o in spec for lp in o.logprobs)
+    if dtype == "bfloat16":  # a verification pass rounds differently from a one-token step
+        return
+    assert m["draft_tokens"] > m["accepted_tokens"]  # rejections were verified too
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    model = m["engine"].model
+    for prompt, out, ref, t in zip(m["prompts"], spec, plain, temperatures):
+        assert max(abs(a - b) for a, b in zip(out.logprobs, ref.logprobs)) < 1e-4
+        with torch.no_grad():
+            trainer = token_logprobs(model, torch.tensor([prompt + out.token_ids], device=model.device),
+                                     temperature=t or 1.0)[0][len(prompt):].cpu()
+        assert float((trainer - torch.tensor(out.logprobs)).abs().max()) < 1e-4
