@@ -37,14 +37,32 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool],
                   generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
     """Draw one token per row from processed log-probs `logp` (B, V) with that row's generator
     (so a seeded request is reproducible whatever else shares its batch); greedy rows take the
-    argmax. Returns the tokens and their log-probs under `logp`."""
+    argmax. Returns the tokens and their log-probs under `logp`.
+
+    Sampled rows invert their CDF at one uniform draw each (`inverse_cdf`): the same distribution
+    as `torch.multinomial`, which draws an exponential for every vocabulary entry (1.5 ms a row of
+    SmolLM2's 49152 on one core, ~15% of a 10-row decode step; this is ~0.2 ms)."""
     if logp.device.type != "cpu":
         logp = logp.cpu()  # the rows' generators are CPU ones, seeded per request (one B x V copy a step)
-    tokens: list[int] = []
-    for row, is_greedy, gen in zip(logp, greedy, generators):
+    tokens = [0] * len(greedy)
+    sampled = [i for i, is_greedy in enumerate(greedy) if not is_greedy]
+    for i, is_greedy in enumerate(greedy):
         if is_greedy:
-            tokens.append(int(row.argmax()))
-        else:
-            tokens.append(int(torch.multinomial(row.exp(), 1, generator=gen)))
+            tokens[i] = int(logp[i].argmax())
+    if sampled:
+        uniform = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
+        for i, token in zip(sampled, inverse_cdf(logp[sampled], uniform).tolist()):
+            tokens[i] = token
     picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)]
     return tokens, picked.tolist()
+
+
+def inverse_cdf(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token of each row (B, V) whose CDF interval holds `uniform` (B,) in [0, 1): the first v
+    with CDF(v) > u·CDF(V). In float64, so that the tail's many tiny probabilities keep their
+    mass (a float32 CDF near 1 drops increments below 6e-8); a token of probability 0 (top-p
+    removed) has an empty interval and is never drawn."""
+    cdf = logp.double().exp().cumsum(-1)
+    total = cdf[:, -1]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]

@@ -1,0 +1,48 @@
+"""The hf engine's token draw (`inference/sampling.py`): one uniform per sampled row, inverted
+through the row's CDF, drawn from the processed distribution exactly."""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.inference.sampling import inverse_cdf, processed_logprobs, sample_tokens
+
+
+def test_inverse_cdf_resolves_a_tail_of_tiny_probabilities_behind_a_likely_token():
+    """20 000 tokens of probability 5e-8 behind one of ~0.999: each has its own interval (a float32
+    CDF near 1 has steps of 6e-8 and would merge them), and a u in token k's interval gives k."""
+    tail, p_tail = 20_000, 5e-8
+    probs = torch.full((tail + 1,), p_tail, dtype=torch.float64)
+    probs[0] = 1 - tail * p_tail
+    logp = probs.log().float()[None].expand(5, -1)
+    ks = torch.tensor([0, 1, 777, 12_345, tail - 1])
+    head = float(logp[0, 0].double().exp())
+    u = (head + (ks.double() + 0.5) * p_tail) / float(logp[0].double().exp().sum())
+    assert inverse_cdf(logp, u).tolist() == (ks + 1).tolist()
+    assert inverse_cdf(logp[:1], torch.tensor([0.0], dtype=torch.float64)).tolist() == [0]
+
+
+def test_a_removed_token_is_never_drawn_even_at_the_ends_of_the_unit_interval():
+    logits = torch.tensor([[-1.0, 3.0, 2.0, 1.0, 0.5, 2.5, -2.0]])  # removed tokens at both ends
+    logp = processed_logprobs(logits, torch.tensor([1.0]), torch.tensor([0.6]))  # top-p removes some
+    kept = logp[0].isfinite()
+    assert not kept[0] and not kept[-1] and bool(kept.any())
+    for u in (0.0, 0.3, 0.999999, 1 - 2 ** -53):
+        assert bool(kept[inverse_cdf(logp, torch.tensor([u], dtype=torch.float64))[0]])
+
+
+def test_seeded_draws_follow_the_distribution_and_ignore_the_batch():
+    probs = torch.tensor([0.05, 0.4, 0.0, 0.25, 0.3])
+    rows = 20_000
+    logp = probs.log()[None].expand(rows, -1)
+    tokens, lps = sample_tokens(logp, [False] * rows, [torch.Generator().manual_seed(i) for i in range(rows)])
+    freq = torch.bincount(torch.tensor(tokens), minlength=5).double() / rows
+    assert freq[2] == 0
+    assert float((freq - probs.double()).abs().max()) < 5 * (0.25 / rows) ** 0.5  # 5 sigma
+    assert torch.allclose(torch.tensor(lps), probs.log()[torch.tensor(tokens)])
+    # a seeded row draws the same token alone and beside others (greedy ones too)
+    alone = sample_tokens(logp[:1], [False], [torch.Generator().manual_seed(7)])[0]
+    mixed = sample_tokens(logp[:3], [True, False, False],
+                          [torch.Generator().manual_seed(1), torch.Generator().manual_seed(7),
+                           torch.Generator().manual_seed(8)])[0]
+    assert mixed[0] == 1 and mixed[1] == alone[0]
