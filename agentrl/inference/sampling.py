@@ -33,15 +33,19 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
-def sample_tokens(logp: torch.Tensor, greedy: list[bool],
-                  generators: list[torch.Generator]) -> tuple[list[int], list[float]]:
+SAMPLERS = ("inverse_cdf", "multinomial")
+
+
+def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch.Generator],
+                  method: str = "inverse_cdf") -> tuple[list[int], list[float]]:
     """Draw one token per row from processed log-probs `logp` (B, V) with that row's generator
     (so a seeded request is reproducible whatever else shares its batch); greedy rows take the
     argmax. Returns the tokens and their log-probs under `logp`.
 
     Sampled rows invert their CDF at one uniform draw each (`inverse_cdf`): the same distribution
     as `torch.multinomial`, which draws an exponential for every vocabulary entry (1.5 ms a row of
-    SmolLM2's 49152 on one core, ~15% of a 10-row decode step; this is ~0.2 ms)."""
+    SmolLM2's 49152 on one core, ~15% of a 10-row decode step; this is ~0.2 ms). `method=
+    "multinomial"` keeps that draw, for benchmarks of the engine as it was."""
     if logp.device.type != "cpu":
         logp = logp.cpu()  # the rows' generators are CPU ones, seeded per request (one B x V copy a step)
     tokens = [0] * len(greedy)
@@ -49,7 +53,10 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool],
     for i, is_greedy in enumerate(greedy):
         if is_greedy:
             tokens[i] = int(logp[i].argmax())
-    if sampled:
+    if sampled and method == "multinomial":
+        for i in sampled:
+            tokens[i] = int(torch.multinomial(logp[i].exp(), 1, generator=generators[i]))
+    elif sampled:
         uniform = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
         for i, token in zip(sampled, inverse_cdf(logp[sampled], uniform).tolist()):
             tokens[i] = token
