@@ -177,7 +177,7 @@ class TrainerConfig:
     loss_scale_factor: float | None = None  # Dr.GRPO constant divisor
     decoupled: bool = True  # AReaL decoupled objective, π_prox recomputed per batch (§8.2)
     tis_cap: float | None = 2.0  # truncated IS on π_old/π_roll (§8.3); None disables
-    kl_coef: float = 0.0  # k3 KL to the reference policy
+    kl_coef: float = 0.0  # k3 KL to the reference policy (after a warm start: the warm-started one)
     gspo_clip_low: float = 3e-4  # GSPO sequence-ratio clip (§8.4), used when loss=gspo
     gspo_clip_high: float = 4e-4
     otb_zero_tail: bool = True  # OTB handle_zero_tail (§6.2; True for multi-turn)

@@ -146,6 +146,7 @@ class Stages:
 
                 raise StopTraining
             self.warm_done = True
+            self.learner.reset_reference()  # the KL's reference (kl_coef > 0): the warm-started policy
             self.warm_data = []
             trim_heap()  # the warm start's Adam moments and data are freed: RL starts from a lean process
             last = self.warm_rows[-1]

@@ -16,7 +16,7 @@ import torch
 
 from agentrl import ToolEnv
 from agentrl.config import load_config
-from agentrl.models import resolve_configured
+from agentrl.models import load_model, resolve_configured
 from agentrl.parsing import ToolCall
 from agentrl.stages import Stages
 from agentrl.tools import state_get, state_set, tool
@@ -65,7 +65,7 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
         "sampling.max_tokens=32", "eval.enabled=true", "eval.n=4", "rollout.concurrency=4",
         "trainer.warm_start.enabled=true", "trainer.warm_start.tasks=8", "trainer.warm_start.per_task=1",
         "trainer.warm_start.epochs=3", "trainer.warm_start.batch_size=4", "trainer.warm_start.lr=2e-4",
-        "trainer.micro_batch_size=4", "run.quiet=true"])
+        "trainer.micro_batch_size=4", "trainer.kl_coef=0.01", "run.quiet=true"])
     learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
     saved = []
     threads: list[int] = []  # the evaluation engine's torch threads, per forward
@@ -104,6 +104,11 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"], (base, warm)
     assert warm["heldout_valid_call_rate"] >= 0.75, warm
     assert saved == [{"warm_start_done": True}] and stages.warm_done
+    # RL's KL (kl_coef > 0) regularises towards the warm-started policy, not the base model
+    ref, policy = dict(learner.ref_model.named_parameters()), dict(learner.model.named_parameters())
+    assert all(torch.equal(ref[k], p) for k, p in policy.items())
+    base_weights = load_model(resolve_configured(cfg.model)).state_dict()
+    assert any(not torch.equal(base_weights[k], p.detach()) for k, p in policy.items() if k in base_weights)
     # a new weight version, so RL's rollout engines (still on version 0) pull the warm-started weights
     assert learner.version == 1 and (base["version"], warm["version"]) == (0, 1)
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]

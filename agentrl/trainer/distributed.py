@@ -148,7 +148,7 @@ class ShardedLearner(Learner):
                  hf_name(tied[k]) if k in tied else None)
                 for k, v in self.model.state_dict().items() if ".lora_" not in k]
 
-    def training_state(self) -> dict[str, Any]:
+    def _model_and_optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Full (unsharded) model and optimizer state, as a single learner's: a checkpoint from
         N ranks resumes on any number of ranks."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -163,9 +163,33 @@ class ShardedLearner(Learner):
                     param_state[k] = v.clone()
         if self.lora:  # the adapter only, as a single learner checkpoints it
             model_sd = {k: v for k, v in model_sd.items() if ".lora_" in k}
-        state = super().training_state()
-        state.update(model=model_sd, optimizer=optim_sd)
-        return state
+        return model_sd, optim_sd
+
+    def _own_state(self, model: torch.nn.Module) -> dict[str, Tensor]:
+        """`model`'s full weights (gathered from the shards), as a single learner's checkpoint."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in state.items() if ".lora_" in k} if self.lora else state
+
+    @torch.no_grad()
+    def reset_reference(self) -> None:
+        """Each rank copies its policy shards into its reference shards. A forward leaves the
+        frozen reference's root parameters (embedding, final norm, head) unsharded, since no
+        backward reshards them, so both roots are resharded first and the shards line up."""
+        if self.ref_model is not None:
+            for lm in (self.model, self.ref_model):
+                self.roots[id(lm)].reshard()
+            for ref, param in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
+                ref.to_local().copy_(param.to_local())
+
+    def _load_reference(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.ref_model is not None and "reference" in state:
+            self.roots[id(self.ref_model)].reshard()
+            set_model_state_dict(self.ref_model, state["reference"],
+                                 options=StateDictOptions(full_state_dict=True, strict=not self.lora))
 
     def _named_optimizer_state(self, optim: dict[str, Any]) -> dict[str, Any]:
         """A single learner's checkpoint keys Adam's state by parameter index (torch's own
@@ -197,6 +221,7 @@ class ShardedLearner(Learner):
             for k, v in param_state.items():
                 if isinstance(v, Tensor) and not hasattr(v, "to_local"):
                     param_state[k] = v.clone()
+        self._load_reference(state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.version, self.global_step = int(state["version"]), int(state["global_step"])
@@ -266,6 +291,8 @@ class LearnerRank:
             result = state if rank == 0 else None
         elif cmd == "load_training_state":
             result = learner.load_training_state(arg)
+        elif cmd == "reset_reference":
+            result = learner.reset_reference()
         elif cmd == "memory":
             result = shard_bytes(learner)
         elif cmd == "sft_begin":  # the warm start, one optimizer step per "sft_next"
@@ -524,6 +551,9 @@ class DistributedLearner:
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         self._call("load_training_state", state)
+
+    def reset_reference(self) -> None:
+        self._call("reset_reference")
 
     def sft_steps(self, batch: TrainBatch, ws: WarmStartConfig, micro_batch_size: int | None = None
                   ) -> Iterator[dict[str, Any]]:

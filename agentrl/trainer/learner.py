@@ -558,14 +558,39 @@ class Learner:
         if chunk:
             yield chunk
 
-    def training_state(self) -> dict[str, Any]:
-        """Everything needed to continue exactly (checkpoint.py adds global RNG states)."""
-        model = self.model.state_dict()
+    @torch.no_grad()
+    def reset_reference(self) -> None:
+        """Make the k3 KL's reference (kl_coef > 0) the policy as it is now, in place: RL after a
+        warm start regularises towards the warm-started policy, not the base model it came from
+        (which a warm start leaves far behind: a KL to it would pull the tool format back out)."""
+        if self.ref_model is not None:
+            for ref, param in zip(self.ref_model.parameters(), self.model.parameters(), strict=True):
+                ref.copy_(param)
+
+    def _own_state(self, model: torch.nn.Module) -> dict[str, Tensor]:
+        """`model`'s weights as a checkpoint holds them."""
+        state = model.state_dict()
         if self.lora:  # the adapter only: the base is the run's model, loaded again on resume
-            model = {k: v for k, v in model.items() if ".lora_" in k}
-        return {"model": model, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
-                "version": self.version, "global_step": self.global_step}
+            state = {k: v for k, v in state.items() if ".lora_" in k}
+        return state
+
+    def _model_and_optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        return self._own_state(self.model), self.optimizer.state_dict()
+
+    def training_state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (checkpoint.py adds global RNG states), with the
+        KL's reference where there is one (after a warm start it is no longer the run's model)."""
+        model, optimizer = self._model_and_optimizer_state()
+        state = {"model": model, "optimizer": optimizer,
+                 "scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(),
+                 "version": self.version, "global_step": self.global_step}
+        if self.ref_model is not None:
+            state["reference"] = self._own_state(self.ref_model)
+        return state
+
+    def _load_reference(self, state: dict[str, Any]) -> None:
+        if self.ref_model is not None and "reference" in state:
+            self.ref_model.load_state_dict(state["reference"], strict=not self.lora)
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         missing = {"model", "optimizer", "scheduler", "generator", "version", "global_step"} - set(state)
@@ -578,6 +603,7 @@ class Learner:
                                f"missing {[k for k in missing_keys if '.lora_' in k][:3]}")
         else:
             self.model.load_state_dict(state["model"])
+        self._load_reference(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])

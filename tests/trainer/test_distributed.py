@@ -100,7 +100,9 @@ def on_policy_groups(seed: int) -> list:
 def test_kl_to_the_reference_on_sharded_learners_equals_one_learner(tmp_path):
     """trainer.kl_coef > 0 with trainer.num_learners=2: each rank holds an FSDP2 shard of the
     frozen reference policy too; two steps (the second one away from the reference, so the k3 KL
-    and its gradient are not zero) give the single learner's KL and weights within 1e-5."""
+    and its gradient are not zero) give the single learner's KL and weights within 1e-5. The
+    reference then resets to the policy on the ranks (as after a warm start), and the checkpoint
+    carries it gathered, loadable by a single learner."""
     path = tiny_model_dir(tmp_path)
     batches = [on_policy_groups(21), on_policy_groups(22)]
     results = {}
@@ -109,12 +111,23 @@ def test_kl_to_the_reference_on_sharded_learners_equals_one_learner(tmp_path):
         learner = make_learner(path, cfg)
         try:
             metrics = [learner.step(copy.deepcopy(b)) for b in batches]
-            results[n] = metrics, learner.state_dict_for_inference()
+            policy = learner.state_dict_for_inference()
+            learner.reset_reference()
+            metrics.append(learner.step(copy.deepcopy(batches[0])))
+            results[n] = metrics, learner.state_dict_for_inference(), learner.training_state()["reference"], policy
         finally:
             if n == 2:
                 learner.close()
-    (m1, w1), (m2, w2) = results[1], results[2]
+    (m1, w1, ref1, policy1), (m2, w2, ref2, _) = results[1], results[2]
     assert m1[1]["kl_ref"] > 1e-6  # the second step saw a KL to the reference
+    assert m1[2]["kl_ref"] < 1e-6 and m2[2]["kl_ref"] < 1e-6  # ... and none right after the reset
+    for k in policy1:
+        torch.testing.assert_close(ref2[k], ref1[k], atol=1e-5, rtol=0, msg=k)
+        torch.testing.assert_close(ref1[k], policy1[k], atol=0, rtol=0, msg=k)
+    single = make_learner(path, config(path, "trainer.kl_coef=0.5").trainer)
+    single.load_training_state({**single.training_state(), "reference": ref2})
+    loaded = single.ref_model.state_dict()
+    assert all(torch.equal(loaded[k], ref2[k]) for k in policy1)
     for a, b in zip(m1, m2):
         assert abs(a["kl_ref"] - b["kl_ref"]) < 1e-6 and abs(a["loss"] - b["loss"]) < 1e-5
     for k in w1:

@@ -233,6 +233,26 @@ def test_recompute_kept_where_prox_differs():
     assert not learner.prox_from_training_forward(4)
 
 
+def test_the_kl_reference_resets_to_the_policy_and_resumes_from_a_checkpoint():
+    """After a warm start the KL's reference is the warm-started policy (reset_reference); a
+    checkpoint carries it, so a resumed run does not fall back to the run's base model."""
+    groups = random_groups(2, 3, VOCAB, seed=4)
+    set_behaviour_logprobs(tiny_llama(0), groups)
+    cfg = TrainerConfig(lr=1e-2, kl_coef=0.1)
+    learner = Learner(tiny_llama(0), cfg)
+    learner.step(copy.deepcopy(groups))  # stands in for the warm start: the policy leaves the base
+    assert not torch.equal(params(learner.ref_model), params(learner.model))
+    learner.reset_reference()
+    assert torch.equal(params(learner.ref_model), params(learner.model))
+    assert learner.step(copy.deepcopy(groups))["kl_ref"] < 1e-6  # the first step from it: no divergence yet
+    state = learner.training_state()
+    fresh = Learner(tiny_llama(0), cfg)
+    assert not torch.equal(params(fresh.ref_model), params(learner.ref_model))
+    fresh.load_training_state(copy.deepcopy(state))
+    assert torch.equal(params(fresh.ref_model), params(learner.ref_model))
+    assert "reference" not in Learner(tiny_llama(0), TrainerConfig()).training_state()  # no KL, no copy
+
+
 def test_lora_trains_the_adapter_pushes_merged_weights_and_checkpoints_the_adapter_only():
     groups = random_groups(2, 3, VOCAB, seed=4)
     set_behaviour_logprobs(tiny_llama(0), groups)
