@@ -133,17 +133,25 @@ def test_sharded_learner_over_nccl_matches_the_in_process_one(model_dir: Path) -
 
 def test_sharded_lora_with_kl_over_nccl_matches_the_in_process_one(model_dir: Path) -> None:
     """LoRA adapters and the k3 KL's frozen reference on an NCCL rank (both FSDP2-sharded on
-    cuda:0): two steps give the in-process GPU learner's KL and merged weights."""
+    cuda:0): two steps give the in-process GPU learner's KL and merged weights; the reference
+    then resets to the policy (as after a warm start) alike, and the next step's KL is ~0."""
     cfg = _trainer_cfg(kl_coef=0.5, lora=LoRAConfig(rank=4, alpha=8))
     batches = [random_groups(2, 2, vocab=49152, max_resp=12, seed=s) for s in (1, 2)]
     sharded = DistributedLearner(str(model_dir), cfg, num_learners=1)
     try:
         m_sharded = [sharded.step(b) for b in batches]
         merged = sharded.state_dict_for_inference()
+        sharded.reset_reference()
+        reference = sharded.training_state()["reference"]
+        kl_after_reset = sharded.step(batches[0])["kl_ref"]
     finally:
         sharded.close()
     single = Learner(model_dir, cfg, device="cuda")
     m_single = [single.step(b) for b in batches]
+    single.reset_reference()
+    expected_reference = single.training_state()["reference"]
+    assert set(reference) == set(expected_reference) and kl_after_reset < 1e-6
+    assert max((reference[k].cpu() - expected_reference[k].cpu()).abs().max().item() for k in reference) <= 1e-5
     expected = dict(single.weight_items())
     assert m_single[1]["kl_ref"] > 0
     for a, b in zip(m_sharded, m_single):
