@@ -38,27 +38,49 @@ def _needs_a_gpu() -> None:
                     pytrace=False)
 
 
+def _random_smollm2(source: str | Path, out: Path, initializer_range: float, layer_output_scale: float = 1.0) -> Path:
+    """The embedded model's config cut to two decoder layers, random weights (seed 0) whose layer
+    outputs (o_proj, down_proj) are scaled by `layer_output_scale`, saved as an HF folder with
+    `source`'s tokenizer files."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(source)
+    config.num_hidden_layers = 2
+    config.initializer_range = initializer_range
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(layer_output_scale)
+            layer.mlp.down_proj.weight.mul_(layer_output_scale)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).exists():
+            shutil.copy(Path(source) / name, out / name)
+    return out
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded model's config with two layers and random weights, saved as an HF folder with
     the real tokenizer (from $AGENTRL_TOKENIZER_DIR, else the embedded model's folder)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     source = os.environ.get("AGENTRL_TOKENIZER_DIR")
     if source is None:
         from agentrl.models import resolve_model
 
         source = str(resolve_model("smollm2-135m"))
-    out = tmp_path_factory.mktemp("tiny-smollm2")
-    config = AutoConfig.from_pretrained(source)
-    config.num_hidden_layers = 2
-    config.initializer_range = 0.1  # peaked next-token distributions, so that precision shows in log-probs
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).float().save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (Path(source) / name).exists():
-            shutil.copy(Path(source) / name, out / name)
-    return out
+    # initializer 0.1: peaked next-token distributions, so that precision shows in log-probs
+    return _random_smollm2(source, tmp_path_factory.mktemp("tiny-smollm2"), initializer_range=0.1)
+
+
+@pytest.fixture(scope="session")
+def looping_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The two-layer model made to repeat itself, so that prompt-lookup drafts exist and are mostly
+    kept: small embeddings (initializer 0.02) tied to the head make the last token the likeliest
+    next one (p ~ 0.7 at T = 1, a point mass greedy), and the layers' outputs scaled by 0.03 keep
+    the context in the log-probs without drowning that."""
+    return _random_smollm2(model_dir, tmp_path_factory.mktemp("looping-smollm2"), initializer_range=0.02,
+                           layer_output_scale=0.03)
 
 
 def _max_param_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
@@ -212,31 +234,6 @@ def test_agentrl_train_uses_the_gpu(model_dir: Path, tmp_path: Path) -> None:
     summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert summary["learners"]["device"] == "cuda"
     assert summary["engine_device"].startswith("cuda")
-
-
-
-@pytest.fixture(scope="session")
-def looping_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The two-layer model made to repeat itself, so that prompt-lookup drafts exist and are mostly
-    kept: small embeddings (initializer 0.02) tied to the head make the last token the likeliest
-    next one (p ~ 0.7 at T = 1, a point mass greedy), and the layers' outputs scaled by 0.03 keep
-    the context in the log-probs without drowning that."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("looping-smollm2")
-    config = AutoConfig.from_pretrained(model_dir)
-    config.initializer_range = 0.02
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).float()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(0.03)
-            layer.mlp.down_proj.weight.mul_(0.03)
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (model_dir / name).exists():
-            shutil.copy(model_dir / name, out / name)
-    return out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
