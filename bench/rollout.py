@@ -182,7 +182,7 @@ async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes:
     metrics: dict[str, float] = getattr(engine, "metrics", {})
     await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
     keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens",
-            "draft_tokens", "accepted_tokens")
+            "draft_tokens", "accepted_tokens", "prefill_forwards", "prefill_s")
     stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in modes}
     try:
         for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
@@ -263,6 +263,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         f"{p}accepted_draft_tokens": int(st["accepted_tokens"]),
                         f"{p}mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
                         f"{p}s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
+                        # prefill passes run beside a step's decode pass: each pays a forward's fixed cost
+                        f"{p}prefill_forwards": int(st["prefill_forwards"]),
+                        f"{p}prefill_share_of_forward_s": round(st["prefill_s"] / max(1e-9, st["forward_s"]), 3),
                         f"{p}engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
     out["load_avg_1m_start"] = round(load_start, 2)
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)

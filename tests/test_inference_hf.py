@@ -128,6 +128,8 @@ async def test_next_turn_reuses_the_kept_prefix(engine, prompts):
     kept = len(prompts[2]) + len(first.token_ids) - 1  # the last sampled token was never fed
     assert second.metrics["cached_tokens"] == kept == engine.metrics["prefix_hit_tokens"]
     assert engine.metrics["prefill_tokens"] == len(prompts[2]) + len(prompt) - kept
+    assert engine.metrics["prefill_forwards"] == 2  # one pass per lone request
+    assert 0 < engine.metrics["prefill_s"] < engine.metrics["forward_s"]
     assert max_diff(engine.model, prompt, second) < 1e-4
 
 

@@ -181,9 +181,11 @@ class HFEngine:
         self._released: set[str] = set()  # parameters freed by `release_weights` until the next load
         self._shapes = {n: tuple(p.shape) for n, p in self.model.state_dict(keep_vars=True).items()}
         # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused;
-        # draft_tokens / accepted_tokens: prompt-lookup drafts fed / kept (their ratio is the acceptance).
+        # draft_tokens / accepted_tokens: prompt-lookup drafts fed / kept (their ratio is the acceptance);
+        # prefill_forwards / prefill_s: the prefills' own forward passes and their share of forward_s.
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
-                                          "draft_tokens": 0, "accepted_tokens": 0,
+                                          "draft_tokens": 0, "accepted_tokens": 0, "prefill_forwards": 0,
+                                          "prefill_s": 0.0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0,
                                           "heap_trims": 0, "heap_trim_s": 0.0}
@@ -474,9 +476,11 @@ class HFEngine:
                 self._advance(old, self._decode(old))
                 emitted = len(old.rows)
         if admitted:
+            start = time.perf_counter()
             for request in admitted:
-                request.started = time.perf_counter()
+                request.started = start
             new = self._prefill(admitted)
+            self.metrics["prefill_s"] += time.perf_counter() - start
             self._batch = new if old is None else _merge(old, new)
         size = self._batch_rows()
         for request in self._batch.rows if self._batch else []:
@@ -538,6 +542,7 @@ class HFEngine:
                          **{self._cache_kwarg: cache})
         computed = int(mask[:, past:].sum())
         m = self.metrics
+        m["prefill_forwards"] += 1
         m["prefill_tokens"] += computed
         m["prefill_padding"] += rows * width - computed
         m["prefix_hit_tokens"] += sum(cached)
