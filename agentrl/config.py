@@ -141,6 +141,11 @@ class WarmStartConfig:
     # mapping, freed at once (a lower peak) but faulted in fresh (slower). search's 2-step warm start:
     # 0.125 MiB 66-72 s / 2.90 GB peak, 16 MiB 45.5 s / 3.99 GB (docs/benchmarks.md, stop 33)
     mmap_threshold_mb: float = 0.125
+    # Replay during RL (InstructGPT's PPO-ptx, with the demonstrations as the "pretraining" data): each
+    # RL update also descends replay_coef x the SFT loss of replay_rows warm-start sequences, so RL's
+    # few noisy groups do not unlearn what the warm start taught on the tasks they do not visit. 0: off.
+    replay_coef: float = 0.0
+    replay_rows: int = 4
 
 
 @dataclass
@@ -484,6 +489,13 @@ def validate(cfg: Config) -> None:
          "trainer.warm_start.epochs, batch_size, tasks and per_task must be >= 1"),
         (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
         (cfg.trainer.warm_start.mmap_threshold_mb > 0, "trainer.warm_start.mmap_threshold_mb must be > 0 (MiB)"),
+        (cfg.trainer.warm_start.replay_coef >= 0 and cfg.trainer.warm_start.replay_rows >= 1,
+         "trainer.warm_start.replay_coef must be >= 0 (0: no replay) and replay_rows >= 1"),
+        (cfg.trainer.warm_start.replay_coef == 0 or cfg.trainer.warm_start.enabled,
+         "trainer.warm_start.replay_coef replays the warm start's data: set trainer.warm_start.enabled=true "
+         "or replay_coef=0"),
+        (cfg.trainer.warm_start.replay_coef == 0 or cfg.trainer.num_learners == 1,
+         "trainer.warm_start.replay_coef runs on one learner process: set trainer.num_learners=1 or replay_coef=0"),
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
         (cfg.eval.concurrency is None or cfg.eval.concurrency >= 1,
          "eval.concurrency must be >= 1 (or null: rollout.concurrency)"),

@@ -27,16 +27,10 @@ from agentrl.heap import mapped_tensors
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.learner import Learner
 from agentrl.trainer.logprobs import token_logprobs_and_stats
+from agentrl.trainer.losses import sft_loss
 from agentrl.types import Task, Trajectory
 
 log = logging.getLogger(__name__)
-
-
-def sft_loss(token_logprobs: Tensor, loss_mask: Tensor, num_tokens: float | None = None) -> Tensor:
-    """Mean negative log-likelihood of the masked tokens: Σ −log π(token)·mask / num_tokens
-    (default: the mask's own sum; pass the whole optimizer step's count when accumulating)."""
-    n = float(loss_mask.sum()) if num_tokens is None else float(num_tokens)
-    return -(token_logprobs * loss_mask).sum() / max(n, 1.0)
 
 
 def sft_batch(trajectories: Sequence[Trajectory]) -> TrainBatch:

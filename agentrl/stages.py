@@ -74,7 +74,8 @@ class Stages:
             stages.evaluator = HeldOutEvaluator(cfg, env_factory, tasks, stages.tokenizer, stages.eval_engine,
                                                 run_dir)
             heldout_ids = stages.evaluator.task_ids
-        if cfg.trainer.warm_start.enabled and not stages.warm_done:
+        replay = cfg.trainer.warm_start.replay_coef > 0  # a resumed run past its warm start replays it too
+        if cfg.trainer.warm_start.enabled and (not stages.warm_done or replay):
             from agentrl.sft import warm_start_data
 
             _say(cfg, "warm start: collecting " + (f"trajectories from {cfg.trainer.warm_start.data}"
@@ -115,7 +116,9 @@ class Stages:
 
         if self.fresh and not self.warm_done:
             await self.evaluate("base", 0)
-        if self.warm_data:
+        if self.warm_data and self.warm_done:  # resumed past the warm start: its data is for replay only
+            self._keep_for_replay()
+        elif self.warm_data:
             from agentrl.progress import status
             from agentrl.run import _jsonable
             from agentrl.sft import sft_train
@@ -147,12 +150,21 @@ class Stages:
                 raise StopTraining
             self.warm_done = True
             self.learner.reset_reference()  # the KL's reference (kl_coef > 0): the warm-started policy
-            self.warm_data = []
+            self._keep_for_replay()
             trim_heap()  # the warm start's Adam moments and data are freed: RL starts from a lean process
             last = self.warm_rows[-1]
             _say(self.cfg, f"warm start done: {len(self.warm_rows)} steps, loss {last['loss']:.3f}")
             checkpoint({"warm_start_done": True})
             await self.evaluate("warm_start", 0)
+
+    def _keep_for_replay(self) -> None:
+        """Hand the warm-start sequences to the learner where RL replays them
+        (trainer.warm_start.replay_coef > 0), then drop the trajectories."""
+        if self.cfg.trainer.warm_start.replay_coef > 0:
+            from agentrl.sft import sft_batch
+
+            self.learner.set_replay(sft_batch(self.warm_data))
+        self.warm_data = []
 
     async def after_step(self, step_done: int, total: int) -> dict[str, Any]:
         """The held-out figures to merge into this RL step's metrics line (empty when no

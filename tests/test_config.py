@@ -50,12 +50,24 @@ def test_algorithm_defaults_match_algorithms_md() -> None:
     ("eval.concurrency=0", "eval.concurrency must be >= 1"),
     ("engine.speculative_tokens=-1", "engine.speculative_tokens must be >= 0"),
     ("trainer.warm_start.mmap_threshold_mb=0", "trainer.warm_start.mmap_threshold_mb must be > 0"),
+    ("trainer.warm_start.replay_coef=-0.1", "trainer.warm_start.replay_coef must be >= 0"),
     ("trainer", "not of the form key.path=value"),
 ])
 def test_bad_values_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config("code", overrides=[override])
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.warm_start.enabled=false", "set trainer.warm_start.enabled=true or replay_coef=0"),
+    ("trainer.num_learners=2", "set trainer.num_learners=1 or replay_coef=0"),
+])
+def test_replay_needs_a_warm_start_and_one_learner(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("code", overrides=["trainer.warm_start.replay_coef=0.1", override])
+    assert message in str(err.value)
+    assert load_config("code", overrides=["trainer.warm_start.replay_coef=0.1"]).trainer.warm_start.replay_rows == 4
 
 
 def test_config_file_layer_and_dump_round_trip(tmp_path: Path) -> None:

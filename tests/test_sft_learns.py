@@ -65,7 +65,7 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
         "sampling.max_tokens=32", "eval.enabled=true", "eval.n=4", "rollout.concurrency=4",
         "trainer.warm_start.enabled=true", "trainer.warm_start.tasks=8", "trainer.warm_start.per_task=1",
         "trainer.warm_start.epochs=3", "trainer.warm_start.batch_size=4", "trainer.warm_start.lr=2e-4",
-        "trainer.micro_batch_size=4", "trainer.kl_coef=0.01", "run.quiet=true"])
+        "trainer.micro_batch_size=4", "trainer.kl_coef=0.01", "trainer.warm_start.replay_coef=0.1", "run.quiet=true"])
     learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
     saved = []
     threads: list[int] = []  # the evaluation engine's torch threads, per forward
@@ -104,6 +104,8 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     assert warm["heldout_valid_call_rate"] > base["heldout_valid_call_rate"], (base, warm)
     assert warm["heldout_valid_call_rate"] >= 0.75, warm
     assert saved == [{"warm_start_done": True}] and stages.warm_done
+    # RL replays the warm start's sequences (replay_coef > 0): all 8, handed over as one batch
+    assert learner.replay is not None and len(learner.replay) == 8 and not stages.warm_data
     # RL's KL (kl_coef > 0) regularises towards the warm-started policy, not the base model
     ref, policy = dict(learner.ref_model.named_parameters()), dict(learner.model.named_parameters())
     assert all(torch.equal(ref[k], p) for k, p in policy.items())
@@ -114,3 +116,26 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     rows = [json.loads(line) for line in (tmp_path / "warm_start.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and rows[-1]["sft_loss"] < rows[0]["sft_loss"]  # 8 demos × 3 epochs / 4
     assert len((tmp_path / "eval.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_resumed_run_past_its_warm_start_replays_it_without_training_again(tmp_path: Path) -> None:
+    cfg = load_config(env=f"{__file__}:EchoEnv", overrides=[
+        "sampling.max_tokens=32", "eval.enabled=false", "trainer.warm_start.enabled=true",
+        "trainer.warm_start.tasks=3", "trainer.warm_start.per_task=1", "trainer.warm_start.replay_coef=0.1",
+        "run.quiet=true"])
+    learner = Learner(resolve_configured(cfg.model), cfg.trainer)
+    before = {k: p.detach().clone() for k, p in learner.model.named_parameters()}
+    saved: list[dict] = []
+
+    async def run() -> None:
+        stages = await Stages.start(cfg, tmp_path, learner, EchoEnv, EchoEnv().tasks("train"),
+                                    resumed_extra={"warm_start_done": True, "step": 2})
+        try:
+            await stages.before_rl(saved.append)
+        finally:
+            await stages.close()
+
+    asyncio.run(run())
+    assert learner.replay is not None and len(learner.replay) == 3
+    assert saved == [] and learner.version == 0  # no second warm start
+    assert all(torch.equal(before[k], p) for k, p in learner.model.named_parameters())

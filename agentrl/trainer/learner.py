@@ -56,6 +56,7 @@ from agentrl.trainer.losses import (
     ppo_clip_loss,
     reinforce_loss,
     safe_ratio,
+    sft_loss,
     trm_sequence_mask,
 )
 from agentrl.trainer.rewards import filter_groups, g_ra, overlong_penalty
@@ -223,6 +224,7 @@ class Learner:
         self.rank, self.world = 0, 1  # data-parallel position; distributed.shard_learner sets them
         self.version = 0  # global batches trained = weight version pushed to engines
         self.global_step = 0  # optimizer steps
+        self.replay: TrainBatch | None = None  # warm-start sequences replayed in RL (set_replay)
         track("learner_weights", self, lambda lr: lr.model.parameters())  # bench/memory.py's phase marks
         track("gradients", self, lambda lr: (p.grad for p in lr.model.parameters()))
         track("optimizer", self, lambda lr: (t for st in list(lr.optimizer.state.values()) for t in st.values()
@@ -284,10 +286,12 @@ class Learner:
             return contextlib.nullcontext()
         return torch.autocast(torch.device(self.device).type, dtype=getattr(torch, self.dtype))
 
-    def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool) -> TokenStats:
+    def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool,
+                 temperature: float | None = None) -> TokenStats:
+        """Log-probs (and stats) of the loss-masked tokens at `temperature` (default: the sampling one)."""
         with self._autocast():
             return token_logprobs_and_stats(model, mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                                            self.temperature, positions=mb.loss_mask.to(self.device),
+                                            temperature or self.temperature, positions=mb.loss_mask.to(self.device),
                                             entropy=entropy, sum_pi_sq=sum_pi_sq)
 
     def prox_from_training_forward(self, n_rows: int) -> bool:
@@ -409,7 +413,7 @@ class Learner:
 
         # Mini-batches: a seeded shuffle of rows, then optimizer steps with accumulation.
         order = torch.randperm(len(batch), generator=self.generator)
-        sums = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0, grad_norm=0.0)
+        sums = dict(loss=0.0, pg_loss=0.0, kl_loss=0.0, clipped=0.0, entropy=0.0, grad_norm=0.0, replay_loss=0.0)
         n_updates = 0
         for rows in order.tensor_split(min(cfg.minibatches, len(batch))):
             mb = batch.select(rows)
@@ -418,6 +422,8 @@ class Learner:
             denom = denominators(mb_norm, cfg.loss_agg, self._loss_scale(mb_norm))
             mb_ent = torch.zeros(mb_old.shape) if want_entropy else None
             stats = self._minibatch(mb, mb_old, mb_train, mb_norm, mb_ref, denom, lean, mb_ent)
+            if self.replay is not None:
+                stats["replay_loss"] = self.replay_backward()
             if lean:  # the pass's detached log-probs were π_prox: keep them for the metrics
                 old[rows] = mb_old
                 if old_entropy is not None and mb_ent is not None:
@@ -455,8 +461,32 @@ class Learner:
                        grad_norm=sums["grad_norm"] / n_updates,
                        optimizer_steps=float(n_updates), step_seconds=elapsed,
                        tokens_per_s=batch.num_tokens / elapsed)
+        if self.replay is not None:
+            metrics["replay_loss"] = sums["replay_loss"] / n_updates
         metrics["version"] = float(self.version)
         return metrics
+
+    def set_replay(self, batch: TrainBatch | None) -> None:
+        """The sequences `replay_backward` draws from (the warm start's; None or empty: no replay)."""
+        self.replay = batch if batch is not None and len(batch) else None
+
+    def replay_backward(self) -> float:
+        """PPO-ptx's second term (InstructGPT, Ouyang et al. 2022, eq. 2, with the warm start's
+        demonstrations as its data): γ · the SFT loss (mean NLL of the policy tokens, temperature 1)
+        of `replay_rows` sequences drawn by the learner's seeded generator, accumulated into this
+        update's gradient. Returns the γ-scaled loss."""
+        assert self.replay is not None
+        ws = self.cfg.warm_start
+        rows = self.replay.select(torch.randperm(len(self.replay), generator=self.generator)[:ws.replay_rows])
+        n_policy = float(rows.loss_mask.sum())
+        total = 0.0
+        for index in self._micro_batches(rows):
+            mb = self._trim(rows.select(index))
+            logp = self._forward(self.model, mb, entropy=False, sum_pi_sq=False, temperature=1.0).logprobs
+            loss = ws.replay_coef * sft_loss(logp.float().cpu(), mb.loss_mask, n_policy)
+            loss.backward()
+            total += loss.item()
+        return total
 
     def _minibatch(self, mb: TrainBatch, old: Tensor, train_mask: Tensor, norm_mask: Tensor,
                    ref: Tensor | None, denom: Denominators, lean: bool = False,

@@ -220,3 +220,11 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     """Mean of x over mask=1 entries (0 when the mask is empty); for metrics."""
     m = mask.float()
     return (x * m).sum() / m.sum().clamp(min=1)
+
+
+def sft_loss(token_logprobs: Tensor, loss_mask: Tensor, num_tokens: float | None = None) -> Tensor:
+    """Mean negative log-likelihood of the masked tokens: Σ −log π(token)·mask / num_tokens
+    (default: the mask's own sum; pass the whole optimizer step's count when accumulating).
+    The warm start's loss, and the replay term of an RL step (`Learner.replay_backward`)."""
+    n = float(loss_mask.sum()) if num_tokens is None else float(num_tokens)
+    return -(token_logprobs * loss_mask).sum() / max(n, 1.0)

@@ -253,6 +253,46 @@ def test_the_kl_reference_resets_to_the_policy_and_resumes_from_a_checkpoint():
     assert "reference" not in Learner(tiny_llama(0), TrainerConfig()).training_state()  # no KL, no copy
 
 
+def test_replay_adds_the_scaled_sft_gradient_of_the_warm_start_sequences():
+    """trainer.warm_start.replay_coef (PPO-ptx): an RL update's gradient gains γ · ∇ of the SFT loss
+    (mean NLL of the policy tokens, temperature 1) of the replayed rows, and repeated steps with it
+    pull the policy toward those sequences where steps without it do not."""
+    from agentrl.sft import sft_batch
+    from agentrl.trainer.losses import sft_loss
+
+    demos = [t for g in random_groups(2, 2, VOCAB, seed=9) for t in g.trajectories]
+    replay = sft_batch(demos)
+    cfg = load_config(None, overrides=["trainer.warm_start.replay_coef=0.5", f"trainer.warm_start.replay_rows={len(demos)}",
+                                       "trainer.micro_batch_size=2", "trainer.dtype=float32"]).trainer
+    learner = Learner(tiny_llama(0), cfg, temperature=0.7)
+    learner.set_replay(replay)
+    loss = learner.replay_backward()  # all rows: the draw's order does not matter
+    got = [p.grad.clone() for p in learner.model.parameters()]
+    learner.model.zero_grad(set_to_none=True)
+    logp = token_logprobs(learner.model, replay.input_ids, replay.attention_mask, temperature=1.0)
+    want = 0.5 * sft_loss(logp, replay.loss_mask)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    for g, p in zip(got, learner.model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+    groups = random_groups(2, 3, VOCAB, seed=4)
+    set_behaviour_logprobs(tiny_llama(0), groups, temperature=0.7)
+
+    def nll_after_steps(coef: float) -> float:
+        over = [f"trainer.warm_start.replay_coef={coef}", "trainer.warm_start.replay_rows=2", "trainer.lr=1e-3",
+                "trainer.dtype=float32"]
+        lr = Learner(tiny_llama(0), load_config(None, overrides=over).trainer, temperature=0.7)
+        lr.set_replay(replay if coef else None)
+        for _ in range(4):
+            metrics = lr.step(copy.deepcopy(groups))
+        assert ("replay_loss" in metrics) == (coef > 0)
+        with torch.no_grad():
+            return sft_loss(token_logprobs(lr.model, replay.input_ids, replay.attention_mask), replay.loss_mask).item()
+
+    assert nll_after_steps(1.0) < nll_after_steps(0.0) - 0.05
+
+
 def test_lora_trains_the_adapter_pushes_merged_weights_and_checkpoints_the_adapter_only():
     groups = random_groups(2, 3, VOCAB, seed=4)
     set_behaviour_logprobs(tiny_llama(0), groups)
