@@ -262,8 +262,9 @@ def test_replay_adds_the_scaled_sft_gradient_of_the_warm_start_sequences():
 
     demos = [t for g in random_groups(2, 2, VOCAB, seed=9) for t in g.trajectories]
     replay = sft_batch(demos)
-    cfg = load_config(None, overrides=["trainer.warm_start.replay_coef=0.5", f"trainer.warm_start.replay_rows={len(demos)}",
-                                       "trainer.micro_batch_size=2", "trainer.dtype=float32"]).trainer
+    cfg = load_config(None, overrides=["trainer.warm_start.enabled=true", "trainer.warm_start.replay_coef=0.5",
+                                       f"trainer.warm_start.replay_rows={len(demos)}", "trainer.micro_batch_size=2",
+                                       "trainer.dtype=float32"]).trainer
     learner = Learner(tiny_llama(0), cfg, temperature=0.7)
     learner.set_replay(replay)
     loss = learner.replay_backward()  # all rows: the draw's order does not matter
@@ -280,8 +281,8 @@ def test_replay_adds_the_scaled_sft_gradient_of_the_warm_start_sequences():
     set_behaviour_logprobs(tiny_llama(0), groups, temperature=0.7)
 
     def nll_after_steps(coef: float) -> float:
-        over = [f"trainer.warm_start.replay_coef={coef}", "trainer.warm_start.replay_rows=2", "trainer.lr=1e-3",
-                "trainer.dtype=float32"]
+        over = ["trainer.warm_start.enabled=true", f"trainer.warm_start.replay_coef={coef}",
+                "trainer.warm_start.replay_rows=2", "trainer.lr=1e-3", "trainer.dtype=float32"]
         lr = Learner(tiny_llama(0), load_config(None, overrides=over).trainer, temperature=0.7)
         lr.set_replay(replay if coef else None)
         for _ in range(4):
