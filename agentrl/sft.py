@@ -26,7 +26,6 @@ from agentrl.env import env_class_demonstrates
 from agentrl.heap import mapped_tensors
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.learner import Learner
-from agentrl.trainer.logprobs import token_logprobs_and_stats
 from agentrl.trainer.losses import sft_loss
 from agentrl.types import Task, Trajectory
 
@@ -68,15 +67,9 @@ def sft_train(learner: Any, trajectories: Sequence[Trajectory], ws: WarmStartCon
 
 
 def _policy_logprobs(learner: Learner, mb: TrainBatch) -> Tensor:
-    """log π of every token at temperature 1, through the FSDP2 root on a sharded learner; under
-    the RL forward's autocast (`trainer.dtype`)."""
-    ids, attn, pos = (x.to(learner.device) for x in (mb.input_ids, mb.attention_mask, mb.loss_mask))
-    policy = getattr(learner, "policy", None)  # ShardedLearner: PolicyForward(model), the FSDP2 root
-    with learner._autocast():
-        if policy is not None:
-            return policy(ids, attn, 1.0, pos, False, False)[0]
-        return token_logprobs_and_stats(learner.model, ids, attn, 1.0, positions=pos,
-                                        entropy=False, sum_pi_sq=False).logprobs  # SFT needs log π only
+    """log π of the policy tokens at temperature 1, through the learner's own forward (the FSDP2
+    root on a sharded learner), under the RL forward's autocast (`trainer.dtype`)."""
+    return learner._forward(learner.model, mb, entropy=False, sum_pi_sq=False, temperature=1.0).logprobs
 
 
 def sft_steps(learner: Learner, batch: TrainBatch, ws: WarmStartConfig,

@@ -219,8 +219,9 @@ class VLLMEngine:
 
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
-    """Set environment variables for the block, then restore them: another engine in this process
-    names its own folder."""
+    """Set environment variables for the block, then restore just those (another engine in this
+    process names its own folder); not `mock.patch.dict`, which would also undo what vLLM itself
+    sets in os.environ while it starts."""
     previous = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:

@@ -94,12 +94,13 @@ class ShardedLearner(Learner):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.scheduler.lr_lambdas[0])
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
-    def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool) -> TokenStats:
+    def _forward(self, model: torch.nn.Module, mb: TrainBatch, entropy: bool, sum_pi_sq: bool,
+                 temperature: float | None = None) -> TokenStats:
         root = self.roots[id(model)]
         root.train(model.training)
         with self._autocast():
             lp, ent, sq = root(mb.input_ids.to(self.device), mb.attention_mask.to(self.device),
-                               self.temperature, mb.loss_mask.to(self.device), entropy, sum_pi_sq)
+                               temperature or self.temperature, mb.loss_mask.to(self.device), entropy, sum_pi_sq)
         return TokenStats(logprobs=lp, entropy=ent, sum_pi_sq=sq)
 
     def _tied(self) -> dict[str, str]:
