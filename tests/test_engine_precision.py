@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import torch
 
+from agentrl import attention
 from agentrl.attention import grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
@@ -70,11 +71,13 @@ def test_a_forward_on_the_cast_weights_is_the_trainers_bf16_forward_bit_for_bit(
     assert torch.equal(ref, got)
 
 
-async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noise(path, prompts):
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "grouped"])
+async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noise(monkeypatch, flash, path, prompts):
     """Generation (prefill, then one-token decode steps with a bf16 KV cache and the grouped decode
-    attention) against the trainer's full bf16 forward. Measured: mean |Δ| 0.027, max 0.24-0.33,
-    about what an fp32 engine shows beside a bf16 trainer (mean 0.024); a wrong cache, mask or head
-    grouping gives errors of whole nats."""
+    attention or torch's flash kernel) against the trainer's full bf16 forward. Measured: mean |Δ|
+    0.027, max 0.24-0.33, about what an fp32 engine shows beside a bf16 trainer (mean 0.024); a
+    wrong cache, mask or head grouping gives errors of whole nats."""
+    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
     trainer = load_model(path)
     try:
@@ -95,12 +98,15 @@ async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noi
     assert float(every.mean()) < 0.06 and float(every.max()) < 1.0
 
 
-async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(path):
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "grouped"])
+async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(monkeypatch, flash, path):
     """Prompts of at most MAX_GROUPED_QUERIES tokens and different lengths, with no prefix to reuse,
-    are prefilled through the grouped attention, where a left-padding query attends to nothing. Its
-    output must stay finite: the next layer reads that position back as a masked key (0 x NaN is
-    NaN), and stop 38's first version sampled the padded rows from NaN log-probs."""
+    are prefilled through the grouped attention (or the flash kernel), where a left-padding query
+    attends to nothing. Its output must stay finite: the next layer reads that position back as a
+    masked key (0 x NaN is NaN), and stop 38's first version sampled the padded rows from NaN log-probs."""
     from agentrl.attention import MAX_GROUPED_QUERIES
+
+    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
 
     tok = load_tokenizer(path)
     short = [tok.encode(q) for q in ("Say hello.", "Repeat: a b c a b c a b c", "Count from 1 to 20, one by one.")]
@@ -119,26 +125,46 @@ async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(path):
         assert float((ref - torch.tensor(out.logprobs)).abs().max()) < 1.0  # whole nats (or NaN) if broken
 
 
-async def test_an_unpadded_bf16_decode_step_takes_the_grouped_attention(prompts, monkeypatch):
-    """A request alone in the batch has no padding, so transformers passes no mask; its decode
-    steps must still take the grouped attention, not torch's one-token bf16 CPU kernel (a 10-row
-    step at 400 cached tokens took 0.196 s that way against 0.090 s, docs/benchmarks.md)."""
-    one_token_kernel_calls = []
-    real = torch.nn.functional.scaled_dot_product_attention
+def test_the_flash_kernel_is_chosen_exactly_where_the_cpu_has_amx_tiles():
+    """`HALF_PRECISION_FLASH` follows the CPU's own flags (Linux lists AMX tiles as `amx_tile`)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    assert ("amx_tile" in flags) == attention.HALF_PRECISION_FLASH
 
-    def counting(query, *args, **kwargs):
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "grouped"])
+async def test_a_bf16_decode_step_takes_the_attention_chosen_for_the_cpu(prompts, monkeypatch, flash):
+    """A request alone in the batch has no padding, so transformers passes no mask; batched rows
+    come with one. Either way a bf16 decode step must take the kernel `HALF_PRECISION_FLASH` picks:
+    torch's flash kernel with AMX tiles, else the grouped attention (without AMX the flash kernel's
+    one-token bf16 step took 0.196 s at 10 rows x 400 cached tokens, against 0.090 s)."""
+    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
+    kernel_calls, grouped_calls = [], []
+    real_kernel, real_grouped = torch.nn.functional.scaled_dot_product_attention, attention.grouped_decode_attention
+
+    def counting_kernel(query, *args, **kwargs):
         if query.shape[-2] == 1:
-            one_token_kernel_calls.append(query.dtype)
-        return real(query, *args, **kwargs)
+            kernel_calls.append(query.dtype)
+        return real_kernel(query, *args, **kwargs)
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    def counting_grouped(query, *args, **kwargs):
+        grouped_calls.append(query.shape[-2])
+        return real_grouped(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting_kernel)
+    monkeypatch.setattr(attention, "grouped_decode_attention", counting_grouped)
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
     try:
-        out = await engine.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=6))
+        alone = await engine.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=6))
+        batched = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=0.0, max_tokens=6))
+                                         for p in prompts[1:]))
     finally:
         await engine.close()
-    assert len(out.token_ids) == 6
-    assert one_token_kernel_calls == []
+    assert len(alone.token_ids) == 6 and all(len(o.token_ids) == 6 for o in batched)
+    if flash:
+        assert kernel_calls and set(kernel_calls) == {torch.bfloat16} and grouped_calls == []
+    else:
+        assert kernel_calls == [] and 1 in grouped_calls
 
 
 @pytest.mark.parametrize(("queries", "padded"), [(1, True), (1, False), (5, True)])
