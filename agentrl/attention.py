@@ -66,10 +66,7 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
         if not HALF_PRECISION_FLASH:
             return grouped_decode_attention(q, k, v, attention_mask, scaling), None
-        # a query that may attend to nothing (a prefill's left padding) gets zeros from this kernel
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=scaling,
-                                                               enable_gqa=True)
-        return out.transpose(1, 2).contiguous(), None
+        return flash_decode_attention(q, k, v, attention_mask, scaling), None
     if not grouped or attention_mask is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -139,6 +136,30 @@ def grouped_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torc
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value).view(batch, heads, queries, dim)
     return out.transpose(1, 2).contiguous() if queries > 1 else out.reshape(batch, 1, heads, dim)
+
+
+def flash_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """`grouped_decode_attention`'s contract (same shapes, returns [B, q, Hq, D]) on torch's flash
+    kernel. One query per row goes in with grouped heads (`enable_gqa`). Several (a speculative
+    step's verification, a short prefill) go in as one query block per key/value head, the group's
+    query heads stacked on the query axis with the mask repeated per head: each key/value head is
+    then read once, not once per query head (1.4-1.65x faster at 3-5 queries per row over 340 keys;
+    at one query the grouped-head path is 1.4x faster). A query that may attend to nothing (a
+    prefill's left padding) gets zeros from this kernel, not NaN."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    batch, heads, queries, dim = query.shape
+    if queries == 1:
+        out = sdpa(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
+        return out.reshape(batch, 1, heads, dim)
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    stacked = query.reshape(batch, kv_heads, group * queries, dim)  # head h = kv head h // group, as in GQA
+    mask = attention_mask
+    if mask is not None:
+        mask = mask.expand(mask.shape[0], 1, queries, mask.shape[-1]).repeat(1, 1, group, 1)
+    out = sdpa(stacked, key, value, attn_mask=mask, scale=scaling).view(batch, heads, queries, dim)
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> str:

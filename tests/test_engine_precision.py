@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentrl import attention
-from agentrl.attention import grouped_decode_attention
+from agentrl.attention import flash_decode_attention, grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
@@ -167,9 +167,14 @@ async def test_a_bf16_decode_step_takes_the_attention_chosen_for_the_cpu(prompts
         assert kernel_calls == [] and 1 in grouped_calls
 
 
+DECODE_ATTENTIONS = pytest.mark.parametrize("attend", [grouped_decode_attention, flash_decode_attention],
+                                            ids=["grouped", "flash"])
+
+
+@DECODE_ATTENTIONS
 @pytest.mark.parametrize(("queries", "padded"), [(1, True), (1, False), (5, True)])
 @pytest.mark.parametrize("length", [7, 300])
-def test_grouped_decode_attention_equals_sdpa_on_a_strided_cache(length, padded, queries):
+def test_decode_attention_equals_sdpa_on_a_strided_cache(length, padded, queries, attend):
     """One query per row (a decode step), or a few under a causal mask over the last columns (a
     speculative step's verification, with a rejected draft's column masked out in one row)."""
     torch.manual_seed(0)
@@ -183,14 +188,15 @@ def test_grouped_decode_attention_equals_sdpa_on_a_strided_cache(length, padded,
         mask[..., -queries:] = torch.ones(queries, queries, dtype=torch.bool).tril()
         mask[1, ..., -2] = False
     mask = mask if padded else None  # no row padded: transformers passes no mask at all
-    got = grouped_decode_attention(query, key, value, mask, None)
+    got = attend(query, key, value, mask, None)
     ref = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
     assert got.shape == (batch, queries, heads, dim) and got.dtype == torch.bfloat16
     assert float((got.float() - ref).abs().max()) < 2e-2  # bf16 rounding of the weights and output
 
 
-def test_grouped_attention_of_a_query_with_nothing_to_attend_is_finite():
+@DECODE_ATTENTIONS
+def test_decode_attention_of_a_query_with_nothing_to_attend_is_finite(attend):
     """A left-padding query in a prefill attends to no key; its output must be finite (unused,
     but read back by the next layer as a masked key), and the other rows' unchanged."""
     torch.manual_seed(0)
@@ -198,7 +204,7 @@ def test_grouped_attention_of_a_query_with_nothing_to_attend_is_finite():
         torch.randn(2, 3, 6, 64).bfloat16()
     mask = torch.ones(6, 6, dtype=torch.bool).tril()[-4:].expand(2, 1, 4, 6).clone()
     mask[1, ..., :3] = False  # row 1: three columns of left padding, so its first query sees nothing
-    got = grouped_decode_attention(query, key, value, mask, None)
+    got = attend(query, key, value, mask, None)
     assert bool(got.isfinite().all())
     ref = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
