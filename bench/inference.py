@@ -12,8 +12,9 @@ left-padded cache of `--decode-context` tokens per row, one thread, for transfor
 concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/attention.py) on that
 cache, and `sdpa_gqa` on the in-place cache the hf engine uses (agentrl/inference/kv_cache.py);
 and the engine in bf16 (`engine.dtype: auto` under a bf16 trainer: linear weights and cache in bf16,
-autocast, grouped decode attention); interleaved in one process, CPU time rather than wall time so a
-shared machine's load does not tilt the ratios `decode_step_default_over_engine` and
+autocast, and the decode attention `HALF_PRECISION_FLASH` picks: torch's flash kernel with AMX,
+else the grouped one); interleaved in one process, CPU time rather than wall time so a shared
+machine's load does not tilt the ratios `decode_step_default_over_engine` and
 `decode_step_fp32_over_bf16_engine`.
 """
 
