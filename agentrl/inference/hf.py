@@ -1,9 +1,10 @@
 """The `hf` inference engine: transformers in-process, concurrent requests batched (design §7).
 
-A background scheduler task owns one running batch. Each step it (1) prefills the requests that
-arrived since the last step (left-padded, one forward pass) and (2) advances every running
-sequence by one token with the KV cache (one forward pass), then merges the new rows into the
-batch and drops the finished ones. So a request joins at the next step boundary instead of
+A background scheduler task owns one running batch. Each step it (1) advances every running
+sequence by one token with the KV cache and (2) prefills the requests that arrived since the last
+step (left-padded), then merges the new rows into the batch and drops the finished ones. Both
+go through the model as one ragged forward pass (`fuse_passes`): all their tokens through the
+linear layers at once, attention per rectangle against its own cache. So a request joins at the next step boundary instead of
 waiting for the batch to drain, which is what trajectory-level rollout needs. Forward passes
 run on the engine's own worker thread so the event loop keeps serving envs and tools.
 
@@ -46,6 +47,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agentrl.attention import RAGGED, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.cast_head import cast_tied_head_once
@@ -93,6 +95,19 @@ class _Batch:
     positions: torch.Tensor  # (B,) long
 
 
+@dataclass
+class _Pass:
+    """The inputs of one rectangle of a step's forward: `ids` and `positions` (rows, width) fed
+    over `cache`, `mask` (rows, cached + width) 0 on padding and on fed columns not to attend.
+    `last_only`: a prefill needs each row's last logits only, a decode step every column's."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    cache: DynamicCache
+    last_only: bool
+
+
 class HFEngine:
     """InferenceEngine over a transformers causal LM with continuous batching."""
 
@@ -103,7 +118,8 @@ class HFEngine:
                  max_model_len: int | None = None, prefix_cache_mb: float = 1024,
                  attn_implementation: str | None = None, in_place_kv: bool = True,
                  autocast: str = "float32", trim_every: int = 512, speculative_tokens: int = 4,
-                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, sampler: str = "inverse_cdf") -> None:
+                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, sampler: str = "inverse_cdf",
+                 fuse_passes: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if speculative_tokens < 0:
@@ -151,6 +167,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.speculative_tokens = speculative_tokens
         self.sampler = sampler  # sampling.py: how a sampled row draws its token
+        self.fuse_passes = fuse_passes  # a step's decode rows and new rows in one ragged forward (`_forward`)
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
@@ -182,10 +199,11 @@ class HFEngine:
         self._shapes = {n: tuple(p.shape) for n, p in self.model.state_dict(keep_vars=True).items()}
         # prefill_tokens: prompt tokens computed; prefix_hit_tokens: prompt tokens whose KV was reused;
         # draft_tokens / accepted_tokens: prompt-lookup drafts fed / kept (their ratio is the acceptance);
-        # prefill_forwards / prefill_s: the prefills' own forward passes and their share of forward_s.
+        # prefill_forwards / prefill_s: the prefills' own forward passes and their share of forward_s;
+        # fused_prefills: prompt groups fed in a pass with other rectangles instead (`_forward`).
         self.metrics: dict[str, float] = {"steps": 0, "prefills": 0, "tokens": 0, "max_batch_size": 0,
                                           "draft_tokens": 0, "accepted_tokens": 0, "prefill_forwards": 0,
-                                          "prefill_s": 0.0,
+                                          "prefill_s": 0.0, "fused_prefills": 0,
                                           "batch_size_sum": 0, "forward_s": 0.0, "prefill_tokens": 0,
                                           "prefill_padding": 0, "prefix_hit_tokens": 0, "prefix_cache_bytes": 0,
                                           "heap_trims": 0, "heap_trim_s": 0.0}
@@ -467,20 +485,33 @@ class HFEngine:
     def _step_locked(self, admitted: list[_Request]) -> list[_Request]:
         self._drop_finished()
         old = self._batch
-        emitted = 0
+        passes: list[_Pass] = []
+        drafts: list[list[int]] = []
         if old is not None:
             drafts = self._drafts(old)
-            if any(drafts):
-                emitted = self._speculate(old, drafts)
-            else:
-                self._advance(old, self._decode(old))
-                emitted = len(old.rows)
+            passes.append(self._speculate_pass(old, drafts) if any(drafts) else self._decode_pass(old))
+        groups: list[tuple[list[_Request], list[_Hit]]] = []
         if admitted:
             start = time.perf_counter()
             for request in admitted:
                 request.started = start
-            new = self._prefill(admitted)
-            self.metrics["prefill_s"] += time.perf_counter() - start
+            groups = self._prefill_groups(admitted)
+            passes += [self._prefill_pass(requests, hits) for requests, hits in groups]
+        logits = self._forward(passes, prefills=len(groups))
+        emitted = 0
+        if old is not None:
+            if any(drafts):
+                emitted = self._accept(old, drafts, passes[0], logits[0])
+            else:
+                old.mask, old.positions = passes[0].mask, old.positions + 1
+                self._advance(old, logits[0][:, -1])
+                emitted = len(old.rows)
+        if groups:
+            new: _Batch | None = None
+            for (requests, hits), p, out in zip(groups, passes[-len(groups):], logits[-len(groups):]):
+                part = self._prefilled(requests, hits, p, out)
+                new = part if new is None else _merge(new, part)
+            assert new is not None
             self._batch = new if old is None else _merge(old, new)
         size = self._batch_rows()
         for request in self._batch.rows if self._batch else []:
@@ -499,26 +530,63 @@ class HFEngine:
             _compact_if_sparse(self._batch)
         return finished
 
-    def _prefill(self, requests: list[_Request]) -> _Batch:
-        """Prefill the new requests, reusing kept KV for the prompt prefixes the store holds.
+    def _forward(self, passes: list[_Pass], prefills: int) -> list[torch.Tensor]:
+        """Each pass's logits (rows, 1 or width, vocab). With `fuse_passes` the step's rectangles
+        (its decode rows, its new rows' prompt groups) go through the model as one ragged pass:
+        every token through the linear layers at once, attention per rectangle against its own
+        cache (`agentrl.attention.ragged_attention`). A forward's cost is mostly a fixed part (the
+        weights streamed once), so a step that also prefills pays it once instead of per pass.
+        The last `prefills` passes are prefills: their own passes' count and time are metered."""
+        m = self.metrics
+        if self.fuse_passes and len(passes) > 1:
+            m["fused_prefills"] += prefills
+            if prefills == len(passes):  # no decode rows: this pass is the prefills'
+                start = time.perf_counter()
+                out = self._ragged_forward(passes)
+                m["prefill_forwards"] += 1
+                m["prefill_s"] += time.perf_counter() - start
+                return out
+            return self._ragged_forward(passes)
+        outs = []
+        for i, p in enumerate(passes):
+            start = time.perf_counter()
+            out = self.model(input_ids=p.ids, attention_mask=p.mask, position_ids=p.positions, use_cache=True,
+                             logits_to_keep=1 if p.last_only else 0, **{self._cache_kwarg: p.cache})
+            outs.append(out.logits)
+            if i >= len(passes) - prefills:
+                m["prefill_forwards"] += 1
+                m["prefill_s"] += time.perf_counter() - start
+        return outs
 
-        Rows go in groups whose new-token counts are alike, one forward pass per group, so a
-        long first-turn prompt does not pad a dozen short continuations."""
+    def _ragged_forward(self, passes: list[_Pass]) -> list[torch.Tensor]:
+        parts, keep, offset = [], [], 0
+        for p in passes:
+            rows, width = p.ids.shape
+            parts.append(RaggedPart(offset, rows, width, p.cache, causal_padding_mask(p.mask, width)))
+            columns = torch.arange(offset, offset + rows * width, device=self.device).view(rows, width)
+            keep.append(columns[:, -1:] if p.last_only else columns)
+            offset += rows * width
+        ids = torch.cat([p.ids.reshape(-1) for p in passes])[None]
+        positions = torch.cat([p.positions.reshape(-1) for p in passes])[None]
+        out = self.model(input_ids=ids, position_ids=positions, use_cache=False,
+                         logits_to_keep=torch.cat([k.reshape(-1) for k in keep]), **{RAGGED: parts})
+        sizes = [k.numel() for k in keep]
+        return [chunk.view(*k.shape, -1) for chunk, k in zip(out.logits[0].split(sizes), keep)]
+
+    def _prefill_groups(self, requests: list[_Request]) -> list[tuple[list[_Request], list[_Hit]]]:
+        """The new requests with the kept KV of their prompts' longest stored prefixes, in groups
+        whose new-token counts are alike (one rectangle each, so a long first-turn prompt does not
+        pad a dozen short continuations)."""
         hits = [self._prefix.lookup(r.prompt_ids) for r in requests]
         self._prefix.drop_consumed(hits)
         for r, (n, _, _) in zip(requests, hits):
             r.cached_tokens = n
         new_tokens = [len(r.prompt_ids) - n for r, (n, _, _) in zip(requests, hits)]
-        batch: _Batch | None = None
-        for group in _similar_length_groups(new_tokens):
-            part = self._prefill_group([requests[i] for i in group], [hits[i] for i in group])
-            batch = part if batch is None else _merge(batch, part)
-        assert batch is not None
-        return batch
+        return [([requests[i] for i in group], [hits[i] for i in group]) for group in _similar_length_groups(new_tokens)]
 
-    def _prefill_group(self, requests: list[_Request], hits: list[_Hit]) -> _Batch:
-        """One forward pass over rows laid out as [pad | kept prefix | pad | new tokens]: the
-        kept prefix goes into the cache, only the new tokens are computed; padding has mask 0."""
+    def _prefill_pass(self, requests: list[_Request], hits: list[_Hit]) -> _Pass:
+        """Rows laid out as [pad | kept prefix | pad | new tokens]: the kept prefix goes into the
+        cache, only the new tokens are computed; padding has mask 0."""
         cached = [n for n, _, _ in hits]
         past, width = max(cached), max(len(r.prompt_ids) - n for r, n in zip(requests, cached))
         rows = len(requests)
@@ -537,21 +605,22 @@ class HFEngine:
                 blank = kept.new_zeros((1, kept.shape[1], past, kept.shape[3]))
                 layer.update(*(torch.cat([_left_pad(kv[index][j], past, -2) if kv else blank for _, kv, _ in hits])
                                for j in (0, 1)))
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1,
-                         **{self._cache_kwarg: cache})
-        computed = int(mask[:, past:].sum())
+        return _Pass(ids=ids.to(self.device), positions=positions.to(self.device), mask=mask.to(self.device),
+                     cache=cache, last_only=True)
+
+    def _prefilled(self, requests: list[_Request], hits: list[_Hit], p: _Pass, logits: torch.Tensor) -> _Batch:
+        """The new rows as a batch, their first tokens sampled from the prefill's last logits."""
+        rows, width = p.ids.shape
+        computed = int(p.mask[:, -width:].sum())
         m = self.metrics
-        m["prefill_forwards"] += 1
         m["prefill_tokens"] += computed
         m["prefill_padding"] += rows * width - computed
-        m["prefix_hit_tokens"] += sum(cached)
-        # the cache passed in is the one the model filled in place (not read back from `out`, whose
-        # field was renamed with the argument)
-        batch = _Batch(rows=list(requests), cache=cache, mask=mask.to(self.device),
+        m["prefix_hit_tokens"] += sum(n for n, _, _ in hits)
+        # the cache passed in is the one the model filled in place
+        batch = _Batch(rows=list(requests), cache=p.cache, mask=p.mask,
                        next_ids=torch.zeros(rows, dtype=torch.long, device=self.device),
-                       positions=mask.sum(-1).to(self.device))
-        self._advance(batch, out.logits[:, -1])
+                       positions=p.mask.sum(-1))
+        self._advance(batch, logits[:, -1])
         return batch
 
     def _keep_prefixes(self) -> None:
@@ -572,13 +641,10 @@ class HFEngine:
             self._prefix.put(tokens, kv)
         self.metrics["prefix_cache_bytes"] = self._prefix.bytes
 
-    def _decode(self, batch: _Batch) -> torch.Tensor:
+    def _decode_pass(self, batch: _Batch) -> _Pass:
         mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
-        out = self.model(input_ids=batch.next_ids[:, None], attention_mask=mask,
-                         position_ids=batch.positions[:, None], use_cache=True, **{self._cache_kwarg: batch.cache})
-        batch.mask = mask
-        batch.positions = batch.positions + 1
-        return out.logits[:, -1]
+        return _Pass(ids=batch.next_ids[:, None], positions=batch.positions[:, None], mask=mask, cache=batch.cache,
+                     last_only=False)
 
     def _drafts(self, batch: _Batch) -> list[list[int]]:
         """Each row's prompt-lookup draft, empty when speculation is off or nothing matches, cut
@@ -595,11 +661,8 @@ class HFEngine:
         width = _draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows])
         return [d[:width] for d in out]
 
-    def _speculate(self, batch: _Batch, drafts: list[list[int]]) -> int:
-        """One forward pass over each row's next token and its draft; each row keeps the drafts
-        that equal the tokens it samples, position by position, and one sampled token more (see
-        the module docstring). The columns of rejected drafts stay in the cache with mask 0 (as
-        padding), the trailing ones that no row kept are cut. Returns the tokens emitted."""
+    def _speculate_pass(self, batch: _Batch, drafts: list[list[int]]) -> _Pass:
+        """Each row's next token and its draft, one column each; a shorter draft's columns are padding."""
         width = 1 + max(len(d) for d in drafts)
         rows = len(batch.rows)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
@@ -608,14 +671,20 @@ class HFEngine:
         for i, d in enumerate(drafts):
             ids[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long)
             fed[i, :1 + len(d)] = 1
-        past = batch.mask.shape[1]
         mask = torch.cat([batch.mask, fed.to(self.device)], dim=1)
         positions = batch.positions[:, None] + torch.arange(width, device=self.device)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                         use_cache=True, **{self._cache_kwarg: batch.cache})
+        return _Pass(ids=ids.to(self.device), positions=positions, mask=mask, cache=batch.cache, last_only=False)
+
+    def _accept(self, batch: _Batch, drafts: list[list[int]], p: _Pass, logits: torch.Tensor) -> int:
+        """Each row keeps the drafts that equal the tokens it samples, position by position, and one
+        sampled token more (see the module docstring). The columns of rejected drafts stay in the
+        cache with mask 0 (as padding), the trailing ones that no row kept are cut. Returns the
+        tokens emitted."""
+        rows, width = p.ids.shape
+        past, mask = batch.mask.shape[1], p.mask
         temps = torch.tensor([r.sampling.temperature for r in batch.rows], device=self.device).repeat_interleave(width)
         top_p = torch.tensor([r.sampling.top_p for r in batch.rows], device=self.device).repeat_interleave(width)
-        logp = processed_logprobs(out.logits.reshape(rows * width, -1), temps, top_p).reshape(rows, width, -1)
+        logp = processed_logprobs(logits.reshape(rows * width, -1), temps, top_p).reshape(rows, width, -1)
         kept = []
         for i, (r, d) in enumerate(zip(batch.rows, drafts)):
             n = 0  # tokens this row emits; the first n fed columns are then its sequence
