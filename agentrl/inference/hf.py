@@ -4,9 +4,10 @@ A background scheduler task owns one running batch. Each step it (1) advances ev
 sequence by one token with the KV cache and (2) prefills the requests that arrived since the last
 step (left-padded), then merges the new rows into the batch and drops the finished ones. Both
 go through the model as one ragged forward pass (`fuse_passes`): all their tokens through the
-linear layers at once, attention per rectangle against its own cache. So a request joins at the next step boundary instead of
-waiting for the batch to drain, which is what trajectory-level rollout needs. Forward passes
-run on the engine's own worker thread so the event loop keeps serving envs and tools.
+linear layers at once, attention per rectangle against its own cache. So a request joins at the
+next step boundary instead of waiting for the batch to drain, which is what trajectory-level
+rollout needs. Forward passes run on the engine's own worker thread so the event loop keeps
+serving envs and tools.
 
 Prefix reuse: a multi-turn rollout's turn k+1 prompt starts with turn k's prompt and
 completion (append-only token bookkeeping, design §6), so when a request finishes its row's KV
