@@ -80,16 +80,18 @@ def test_the_transformers_baseline_engine_runs_transformers_attention_and_cache(
     from agentrl.inference.kv_cache import GrowingLayer
 
     bench = load_bench()
-    args = bench.parse(["--quick", "--engines", "hf,hf-nospec,hf-transformers"])
+    args = bench.parse(["--quick", "--engines", "hf,hf-nofuse,hf-nospec,hf-transformers"])
     baseline, default = bench.make_engine("hf-transformers", args), bench.make_engine("hf", args)
-    nospec = bench.make_engine("hf-nospec", args)
+    nospec, nofuse = bench.make_engine("hf-nospec", args), bench.make_engine("hf-nofuse", args)
     try:
-        assert default.speculative_tokens == 4 and nospec.speculative_tokens == baseline.speculative_tokens == 0
+        assert default.speculative_tokens == nofuse.speculative_tokens == 4
+        assert nospec.speculative_tokens == baseline.speculative_tokens == 0
+        assert default.fuse_passes and nospec.fuse_passes and not nofuse.fuse_passes and not baseline.fuse_passes
         assert nospec._prefix.budget == default._prefix.budget > 0
         assert baseline.model.config._attn_implementation == "sdpa" and baseline._prefix.budget == 0
         assert type(baseline._new_cache(baseline.model.config).layers[0]) is DynamicLayer
         assert default.model.config._attn_implementation == "sdpa_gqa" and default._prefix.budget > 0
         assert isinstance(default._new_cache(default.model.config).layers[0], GrowingLayer)
     finally:
-        for engine in (baseline, default, nospec):
+        for engine in (baseline, default, nospec, nofuse):
             asyncio.run(engine.close())
