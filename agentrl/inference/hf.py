@@ -539,22 +539,20 @@ class HFEngine:
         weights streamed once), so a step that also prefills pays it once instead of per pass.
         The last `prefills` passes are prefills: their own passes' count and time are metered."""
         m = self.metrics
-        if self.fuse_passes and len(passes) > 1:
+        runs = [passes] if self.fuse_passes and len(passes) > 1 else [[p] for p in passes]
+        if len(runs) == 1 and len(passes) > 1:
             m["fused_prefills"] += prefills
-            if prefills == len(passes):  # no decode rows: this pass is the prefills'
-                start = time.perf_counter()
-                out = self._ragged_forward(passes)
-                m["prefill_forwards"] += 1
-                m["prefill_s"] += time.perf_counter() - start
-                return out
-            return self._ragged_forward(passes)
-        outs = []
-        for i, p in enumerate(passes):
+        outs: list[torch.Tensor] = []
+        for run in runs:
             start = time.perf_counter()
-            out = self.model(input_ids=p.ids, attention_mask=p.mask, position_ids=p.positions, use_cache=True,
-                             logits_to_keep=1 if p.last_only else 0, **{self._cache_kwarg: p.cache})
-            outs.append(out.logits)
-            if i >= len(passes) - prefills:
+            if len(run) > 1:
+                outs += self._ragged_forward(run)
+            else:
+                p = run[0]
+                outs.append(self.model(input_ids=p.ids, attention_mask=p.mask, position_ids=p.positions,
+                                       use_cache=True, logits_to_keep=1 if p.last_only else 0,
+                                       **{self._cache_kwarg: p.cache}).logits)
+            if len(outs) - len(run) >= len(passes) - prefills:  # every pass of this run is a prefill
                 m["prefill_forwards"] += 1
                 m["prefill_s"] += time.perf_counter() - start
         return outs
