@@ -145,6 +145,9 @@ def component_bytes() -> dict[str, int]:
         for t in items:
             if t is None:
                 continue
+            if t.is_mkldnn:  # an opaque oneDNN tensor (a packed weight) has no storage to share
+                total += t.numel() * t.element_size()
+                continue
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
             if ptr and ptr not in seen:

@@ -33,8 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.cast_head import cast_tied_head_once
 from agentrl.inference.hf import HFEngine
+from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
 from bench._common import emit, machine_info
 
@@ -69,12 +69,14 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     from agentrl.inference.kv_cache import growing_cache
 
     models = {impl: load_model(path, attn_implementation=impl) for impl in ("sdpa", "sdpa_gqa")}
-    models["bf16"] = load_model(path)  # the engine under a bf16 trainer (engine.dtype: auto on AVX512-BF16/AMX)
-    cast_for_autocast(models["bf16"], "bfloat16")
-    cast_tied_head_once(models["bf16"])
+    for name, pack in (("bf16", False), ("bf16_packed", True)):  # the engine under a bf16 trainer (engine.dtype:
+        models[name] = load_model(path)  # auto on AVX512-BF16/AMX), with plain and oneDNN-packed linear weights
+        cast_for_autocast(models[name], "bfloat16")
+        keep_linear_weights(models[name], pack=pack)
     variants = {"sdpa": ("sdpa", DynamicCache), "sdpa_gqa": ("sdpa_gqa", DynamicCache),
                 "sdpa_gqa+in_place_cache": ("sdpa_gqa", growing_cache),
-                "bf16+sdpa_gqa+in_place_cache": ("bf16", growing_cache)}
+                "bf16+sdpa_gqa+in_place_cache": ("bf16", growing_cache),
+                "bf16_packed+sdpa_gqa+in_place_cache": ("bf16_packed", growing_cache)}
     config = models["sdpa"].config
     kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     previous = torch.get_num_threads()
@@ -86,7 +88,7 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
             for name, (impl, make_cache) in variants.items():
                 torch.manual_seed(0)
                 cache = make_cache(config=config)
-                precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "bf16")
+                precision = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl.startswith("bf16"))
                 with precision:  # a bf16 engine's cache holds bf16 keys and values
                     for layer in cache.layers:
                         layer.update(torch.randn(rows, kv_heads, context, head_dim),
@@ -110,6 +112,8 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
             "decode_step_cpu_s": {k: round(v, 4) for k, v in best.items()},
             "decode_step_default_over_engine": round(best["sdpa"] / best[engine], 2),
             "decode_step_fp32_over_bf16_engine": round(best[engine] / best["bf16+" + engine], 2),
+            "decode_step_plain_over_packed_bf16": round(best["bf16+" + engine] / best["bf16_packed+" + engine], 2),
+            "decode_packed_logits_bit_equal": bool(torch.equal(logits["bf16+" + engine], logits["bf16_packed+" + engine])),
             "decode_logits_max_abs_diff": max(float((logits["sdpa"] - logits[k]).abs().max()) for k in variants
                                               if not k.startswith("bf16"))}
 

