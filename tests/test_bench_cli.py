@@ -38,11 +38,12 @@ def test_sandbox_bench_quick_measures_both_backends_and_the_pool() -> None:
 
 def test_inference_bench_times_the_embedded_model() -> None:
     line = bench_line("bench/inference.py", "--tokens", "4", "--concurrency", "2", "--decode-rows", "2",
-                      "--decode-context", "64")
+                      "--decode-context", "64", "--decode-rounds", "1")
     assert line["single_tok_s"] > 0 and line["concurrent_tok_s"] > 0 and line["cache_hit_load_s"] > 0
     assert set(line["decode_step_cpu_s"]) == {"sdpa", "sdpa_gqa", "sdpa_gqa+in_place_cache",
-                                              "bf16+sdpa_gqa+in_place_cache"}
-    assert line["decode_step_fp32_over_bf16_engine"] > 0
+                                              "bf16+sdpa_gqa+in_place_cache", "bf16_packed+sdpa_gqa+in_place_cache"}
+    assert line["decode_step_fp32_over_bf16_engine"] > 0 and line["decode_step_plain_over_packed_bf16"] > 0
+    assert line["decode_packed_logits_bit_equal"] is True  # packing changes no logit
     assert line["decode_logits_max_abs_diff"] == 0.0 and line["decode_step_default_over_engine"] > 0
 
 
