@@ -7,8 +7,9 @@ Two costs of a bf16 decode step on CPU go away:
 - *the reorder*: `F.linear` hands oneDNN a plain weight, which oneDNN reorders into its blocked
   layout on every call. At the few rows of a decode step that reorder is most of the call: a
   1536 x 576 bf16 product of 16 rows takes 165 us plain and 78 us on a weight packed once (one
-  thread, 2-core Xeon with AMX; the LM head 8.1 ms -> 2.6 ms), and the outputs are bit-equal, as
-  the same oneDNN kernel computes both (docs/benchmarks.md, stop 42).
+  thread, 2-core Xeon with AMX, weight hot in cache; the LM head 8.1 ms -> 2.6 ms), and the
+  outputs are bit-equal, as the same oneDNN kernel computes both. In the model, whose weights
+  stream from memory, a decode step gains 1.00-1.12x (docs/benchmarks.md, stop 42).
 The kept weight is redone when the weight changes: a new tensor (`load_weights`) or an in-place
 write (a learner's optimizer step on weights an engine shares; the tensor's version counter).
 Under autograd with a trainable weight the layer is a plain `nn.Linear`: a kept copy carries no
