@@ -299,6 +299,24 @@ async def test_packing_changes_no_token_or_log_prob_of_generation(prompts):
         await plain.close()
 
 
+async def test_a_torch_without_onednn_packing_keeps_the_plain_cast(monkeypatch, prompts):
+    """Packing rests on inductor's private oneDNN ops; where this torch lacks them the engine
+    falls back to stop 32's behaviour (only the tied head keeps a cast) and generates the same."""
+    from agentrl.inference import packed_linear
+
+    reference = make_engine(_config(**{"trainer.dtype": "bfloat16", "engine.pack_weights": "false"}))
+    monkeypatch.setattr(packed_linear, "onednn_packing_available", lambda: False)
+    fallback = make_engine(_config(**{"trainer.dtype": "bfloat16"}))  # pack_weights on, but nothing to pack with
+    try:
+        assert len(fallback._linears) == 1 and not fallback.model.lm_head.pack
+        sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=3)
+        a, b = await fallback.generate(prompts[1], sampling), await reference.generate(prompts[1], sampling)
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    finally:
+        await fallback.close()
+        await reference.close()
+
+
 def test_the_packed_head_reads_a_prefills_last_position_without_copying_its_weight():
     """A prefill keeps only each row's last position (`logits_to_keep=1`): a [rows, 1, d] slice of
     the hidden states. torch's matmul sends such a slice through a batched product that copies the
