@@ -90,10 +90,11 @@ def keep_linear_weights(model: torch.nn.Module, pack: bool) -> list[PackedLinear
     for module in model.modules():
         if type(module) not in (torch.nn.Linear, PackedLinear):
             continue
-        if not (module is head and tied) and not (pack and module.weight.device.type == "cpu"):
+        on_cpu_pack = pack and module.weight.device.type == "cpu"
+        if not (on_cpu_pack or (module is head and tied)):
             continue
         module.__class__ = PackedLinear
-        module.pack = pack and module.weight.device.type == "cpu"
+        module.pack = on_cpu_pack
         module.drop_kept()
         out.append(module)
     return out
