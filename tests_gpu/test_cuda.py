@@ -193,6 +193,8 @@ def test_gpu_engine_logprobs_agree_with_the_gpu_learner(model_dir: Path, dtype: 
     cfg = _engine_cfg(model_dir, f"trainer.dtype={dtype}")
     engine = make_engine(cfg)
     assert engine.device.type == "cuda"
+    # oneDNN packing is for CPU weights: on the GPU at most the tied head keeps a cast, unpacked
+    assert not any(layer.pack for layer in engine._linears) and len(engine._linears) <= 1
     prompt = engine.tokenizer.encode("Name a country in Europe.")
 
     async def sample() -> list[GenerateOutput]:
