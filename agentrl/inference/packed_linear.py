@@ -48,16 +48,16 @@ class PackedLinear(torch.nn.Linear):
             self._kept = torch.ops.mkldnn._reorder_linear_weight(weight, 64) if self.pack else weight
             self._kept_key = key
         bias = None if self.bias is None else self.bias.to(low)
-        with torch.autocast(kind, enabled=False):
-            # As one 2-d product: torch's matmul turns a [1, 1, d] input (one row, its last
-            # position: a prefill's `logits_to_keep=1`) into a bmm against the weight expanded and
-            # copied whole, ~200 ms for SmolLM2's 49152 x 576 head (stop 38, torch 2.13).
-            flat = hidden.to(low).reshape(-1, hidden.shape[-1])
-            if self.pack:
-                out = torch.ops.mkldnn._linear_pointwise(flat, self._kept, bias, "none", [], "")
-            else:
-                out = torch.nn.functional.linear(flat, self._kept, bias)
-            return out.view(*hidden.shape[:-1], -1)
+        # As one 2-d product: torch's matmul turns a [1, 1, d] input (one row, its last position:
+        # a prefill's `logits_to_keep=1`) into a bmm against the weight expanded and copied whole,
+        # ~200 ms for SmolLM2's 49152 x 576 head (stop 38, torch 2.13). Autocast stays on: its
+        # casts of these bf16 operands are no-ops, and leaving it costs ~3 us a call.
+        flat = hidden.to(low).reshape(-1, hidden.shape[-1])
+        if self.pack:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self._kept, bias, "none", [], "")
+        else:
+            out = torch.nn.functional.linear(flat, self._kept, bias)
+        return out.view(*hidden.shape[:-1], -1)
 
     def drop_kept(self) -> None:
         """Forget the kept weight (a released or swapped weight may reuse the old address)."""
