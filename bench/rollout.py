@@ -173,42 +173,62 @@ def make_engine(kind: str, args: argparse.Namespace) -> Any:
                     pack_weights=kind != "hf-nopack")
 
 
-async def measure(kind: str, args: argparse.Namespace, tasks: list[Task], modes: tuple[str, ...],
-                  tokenizer: Any) -> dict[str, Any]:
-    """Run `modes` (async, sync) for `args.rounds` rounds on a fresh engine of `kind`."""
-    engine = make_engine(kind, args)
+KEYS = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens",
+        "draft_tokens", "accepted_tokens", "prefill_forwards", "prefill_s", "fused_prefills")
+
+
+async def measure(kinds: list[str], args: argparse.Namespace, tasks: list[Task], tokenizer: Any) -> dict[str, Any]:
+    """Each engine of `kinds` (hf: async and sync; the others async only, for tokens/s), every
+    engine once per round, `args.rounds` rounds: the engines interleave, so a drift of the host's
+    load over the run falls on all of them alike (run one after the other, the ratios of four
+    full runs spread 2.74-3.49, stops 41-42). Each round reverses the order of the last."""
+    engines = {kind: make_engine(kind, args) for kind in kinds}
     sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-
-    def rollout() -> RolloutEngine:
-        return RolloutEngine(engine, tokenizer, sampling, concurrency=args.concurrency, max_context_tokens=2048)
-
-    metrics: dict[str, float] = getattr(engine, "metrics", {})
-    await engine.generate(rollout().chat.prompt([{"role": "user", "content": "warm up"}]), sampling)
-    keys = ("steps", "prefills", "batch_size_sum", "forward_s", "prefill_tokens", "prefix_hit_tokens",
-            "draft_tokens", "accepted_tokens", "prefill_forwards", "prefill_s", "fused_prefills")
-    stats = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(keys, 0.0)} for mode in modes}
+    stats: dict[str, dict[str, Any]] = {}
     try:
-        for r in range(args.rounds):  # alternate which mode goes first: the host's load drifts
-            for mode in modes if r % 2 == 0 else modes[::-1]:
-                reset = getattr(engine, "reset_prefix_cache", None) or engine.llm.reset_prefix_cache
-                await reset()  # greedy: the other mode replays the same prompts; start it cold
-                before = {k: metrics.get(k, 0.0) for k in keys}
-                if mode == "async":
-                    wall, trajs = await run_async(rollout(), tasks)
-                else:
-                    wall, trajs = await run_sync(rollout(), tasks, args.concurrency)
-                bad = [t for t in trajs if t.status.value != "finished"]
-                if bad or len(trajs) != len(tasks):
-                    raise SystemExit(f"{kind} {mode}: {len(bad)} trajectories did not finish: "
-                                     f"{bad[0].error if bad else ''}")
-                st = stats[mode]
-                st["wall_s"] += wall
-                st["trajs"] += trajs
-                for k in keys:
-                    st[k] += metrics.get(k, 0.0) - before[k]
+        for kind, engine in engines.items():
+            await engine.generate(_rollout(engine, tokenizer, sampling, args).chat.prompt(
+                [{"role": "user", "content": "warm up"}]), sampling)
+            modes = ("async", "sync") if kind == "hf" else ("async",)
+            stats[kind] = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(KEYS, 0.0)} for mode in modes}
+        for r in range(args.rounds):
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                modes = tuple(stats[kind])
+                for mode in modes if r % 2 == 0 else modes[::-1]:
+                    await _run_mode(kind, engines[kind], mode, stats[kind][mode], args, tasks, tokenizer, sampling)
+            print(json.dumps({"round": r, **{kind: {mode: round(st["wall_s"], 2) for mode, st in stats[kind].items()}
+                                             for kind in kinds}, "load_avg_1m": os.getloadavg()[0]}),
+                  file=sys.stderr, flush=True)
     finally:
-        await engine.close()
+        for engine in engines.values():
+            await engine.close()
     return stats
+
+
+def _rollout(engine: Any, tokenizer: Any, sampling: SamplingParams, args: argparse.Namespace) -> RolloutEngine:
+    return RolloutEngine(engine, tokenizer, sampling, concurrency=args.concurrency, max_context_tokens=2048)
+
+
+async def _run_mode(kind: str, engine: Any, mode: str, st: dict[str, Any], args: argparse.Namespace,
+                    tasks: list[Task], tokenizer: Any, sampling: SamplingParams) -> None:
+    """One pass of the workload on `engine` in `mode`, added to `st` (wall time, trajectories and
+    the engine's metrics over the pass)."""
+    metrics: dict[str, float] = getattr(engine, "metrics", {})
+    reset = getattr(engine, "reset_prefix_cache", None) or engine.llm.reset_prefix_cache
+    await reset()  # greedy: the other mode replays the same prompts; start it cold
+    before = {k: metrics.get(k, 0.0) for k in KEYS}
+    rollout = _rollout(engine, tokenizer, sampling, args)
+    if mode == "async":
+        wall, trajs = await run_async(rollout, tasks)
+    else:
+        wall, trajs = await run_sync(rollout, tasks, args.concurrency)
+    bad = [t for t in trajs if t.status.value != "finished"]
+    if bad or len(trajs) != len(tasks):
+        raise SystemExit(f"{kind} {mode}: {len(bad)} trajectories did not finish: {bad[0].error if bad else ''}")
+    st["wall_s"] += wall
+    st["trajs"] += trajs
+    for k in KEYS:
+        st[k] += metrics.get(k, 0.0) - before[k]
 
 
 def tokens_per_s(st: dict[str, Any]) -> float:
@@ -221,12 +241,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     tasks = make_workload(args.trajectories, args.seed, args.max_turns, args.tool_median_s, args.tool_sigma)
     tokenizer = load_tokenizer(resolve_model(args.model))
     load_start = os.getloadavg()[0]
-    runs: dict[str, dict[str, Any]] = {}
-    for kind in args.engines:  # hf: async and sync; the others async only, for tokens/s
-        runs[kind] = await measure(kind, args, tasks, ("async", "sync") if kind == "hf" else ("async",), tokenizer)
-        partial = {mode: {"wall_s": round(st["wall_s"], 2), "tokens_per_s": round(tokens_per_s(st), 2)}
-                   for mode, st in runs[kind].items()}
-        print(json.dumps({"engine": kind, **partial, "load_avg_1m": os.getloadavg()[0]}), file=sys.stderr, flush=True)
+    runs = await measure(args.engines, args, tasks, tokenizer)
     a, s = runs["hf"]["async"], runs["hf"]["sync"]
     latencies = [x for t in tasks for x in t["latency"]]
     out: dict[str, Any] = {
@@ -234,6 +249,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model, "engine": "hf (prefix reuse)", "concurrency": args.concurrency,
         "engine_dtype": autocast_dtype(args.dtype, "cpu"),
         "trajectories": len(tasks), "rounds": args.rounds, "max_tokens": args.max_tokens,
+        "schedule": "engines interleaved per round",
         "async_trajs_per_s": round(len(a["trajs"]) / a["wall_s"], 4),
         "sync_trajs_per_s": round(len(s["trajs"]) / s["wall_s"], 4),
         "async_over_sync": round(s["wall_s"] / a["wall_s"], 3),
@@ -293,7 +309,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "as trainer.dtype/engine.dtype default); hf-transformers stays fp32")
     p.add_argument("--speculative-tokens", type=int, default=4,
                    help="hf's prompt-lookup drafts per decode step (engine.speculative_tokens; 0 = off)")
-    p.add_argument("--rounds", type=int, default=None, help="async+sync rounds, alternating order; "
+    p.add_argument("--rounds", type=int, default=None, help="rounds, each running every engine (hf: async and "
+                   "sync) in an order that reverses each round; "
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "
