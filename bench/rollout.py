@@ -31,14 +31,18 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.env import Env
 from agentrl.inference.base import SamplingParams
 from agentrl.rollout import RolloutEngine
 from agentrl.types import StepResult, Task, Trajectory
+from bench._common import emit, machine_info
 
 
 def make_workload(n: int, seed: int, max_turns: int, tool_median_s: float, tool_sigma: float) -> list[Task]:
@@ -336,4 +340,4 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(parse(sys.argv[1:])))))
+    emit({**asyncio.run(main(parse(sys.argv[1:]))), "machine": machine_info()})  # the CPU and its load at the end

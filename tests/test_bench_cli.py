@@ -63,3 +63,21 @@ def test_learner_step_bench_trains_the_same_batch_under_the_baseline_and_the_con
     assert "trainer.dtype=float32" in line["baseline_setting"]
     assert line["config_optimizer"].endswith("AdamW8bit")  # swe's `optimizer: auto` in one process
     assert line["baseline_peak_rss_gb"] > 0.5 and line["config_peak_rss_gb"] > 0.5  # each arm loaded the model
+
+
+def test_rollout_bench_runs_every_engine_in_every_round() -> None:
+    """bench/rollout.py's ratios come from engines interleaved round by round (load drift falls on
+    each alike): after round 0 every engine has run, and round 1 adds to each."""
+    out = subprocess.run([sys.executable, "bench/rollout.py", "--quick", "--engines", "hf,hf-transformers",
+                          "--trajectories", "4", "--max-turns", "2", "--rounds", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rounds = [json.loads(line) for line in out.stderr.splitlines() if line.startswith('{"round"')]
+    assert [r["round"] for r in rounds] == [0, 1]
+    first, second = rounds
+    assert min(first["hf"]["async"], first["hf"]["sync"], first["hf-transformers"]["async"]) > 0
+    assert second["hf"]["async"] > first["hf"]["async"] and second["hf-transformers"]["async"] > first["hf-transformers"]["async"]
+    line = json.loads(out.stdout.strip().splitlines()[-1])
+    assert line["schedule"] == "engines interleaved per round" and line["rounds"] == 2
+    assert line["tokens_per_s_over_hf_transformers"] > 0 and line["async_over_sync"] > 0
+    assert line["machine"]["cpu"]["model"] and len(line["machine"]["load_avg"]) == 3

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from agentrl.inference.kv_cache import GrowingLayer, growing_cache
+from agentrl.inference.kv_cache import GrowingLayer, growing_cache, stack_rows
 from agentrl.models import load_model, resolve_model
 
 
@@ -69,3 +69,34 @@ def test_in_place_cache_matches_dynamic_cache_and_writes_in_place(monkeypatch: p
     keys = torch.zeros(2, 3, 5, 64)
     layer.update(keys, keys)
     assert layer.keys.shape == (2, 3, 5, 64) and layer._k.shape[-2] == 5 + GrowingLayer.grow
+
+
+def test_the_engines_row_drop_trim_and_merge_keep_writing_in_place() -> None:
+    """HFEngine's batch edits on GrowingLayers: a finished row's hole filled by the last row moves
+    that row alone (a view of the same buffer, the other rows untouched); the all-padding leading
+    columns are dropped as a view; two batches are stacked left-padded into buffers with spare
+    columns. After each, the next step's keys go into the same buffer, and the contents equal
+    what copying would give."""
+    keys = torch.arange(4 * 2 * 6 * 3, dtype=torch.float32).view(4, 2, 6, 3)
+    layer = GrowingLayer()
+    layer.update(keys, -keys)
+    buffer = layer._k
+    row_2 = buffer[2].clone()
+    layer.batch_select_indices(torch.tensor([0, 3, 2]))  # row 1 finished; row 3 fills its hole
+    assert torch.equal(layer.keys, keys[[0, 3, 2]]) and torch.equal(layer.values, -keys[[0, 3, 2]])
+    assert layer._k.data_ptr() == buffer.data_ptr() and torch.equal(buffer[2], row_2)  # row 2 not rewritten
+    layer.drop_leading(2)
+    assert torch.equal(layer.keys, keys[[0, 3, 2], :, 2:])
+    step = torch.full((3, 2, 1, 3), 7.0)
+    before = layer._k.data_ptr()
+    layer.update(step, -step)
+    assert layer._k.data_ptr() == before and torch.equal(layer.keys[:, :, -1:], step)  # in the spare columns
+    other = GrowingLayer()
+    other.update(torch.ones(2, 2, 3, 3), -torch.ones(2, 2, 3, 3))
+    expected = torch.cat([layer.keys, torch.cat([torch.zeros(2, 2, 2, 3), other.keys], 2)])
+    stack_rows([layer, other], 5, out=layer)
+    assert torch.equal(layer.keys, expected) and torch.equal(layer.values[3:, :, :2], torch.zeros(2, 2, 2, 3))
+    assert layer._k.shape[-2] == 5 + GrowingLayer.grow
+    before = layer._k.data_ptr()
+    layer.update(torch.ones(5, 2, 1, 3), torch.ones(5, 2, 1, 3))
+    assert layer._k.data_ptr() == before and layer.keys.shape == (5, 2, 6, 3)

@@ -51,7 +51,7 @@ from transformers.cache_utils import DynamicLayer
 from agentrl.attention import RAGGED, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
-from agentrl.inference.kv_cache import growing_cache, truncate_cache
+from agentrl.inference.kv_cache import GrowingLayer, growing_cache, stack_rows, truncate_cache
 from agentrl.inference.ngram import propose_continuation
 from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.inference.sampling import SAMPLERS, processed_logprobs, sample_tokens
@@ -757,8 +757,15 @@ class HFEngine:
         if not keep:
             self._batch = None
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        batch.rows = [batch.rows[i] for i in keep]
+        # The holes the finished rows leave among the first len(keep) are filled by the kept rows
+        # beyond them: a cache that selects rows in place (GrowingLayer) then moves one row per
+        # finished request, not every row after the first one that finished.
+        order = list(range(len(keep)))
+        holes = [i for i in order if batch.rows[i].finish_reason is not None]
+        for hole, row in zip(holes, [i for i in keep if i >= len(keep)]):
+            order[hole] = row
+        index = torch.tensor(order, dtype=torch.long, device=self.device)
+        batch.rows = [batch.rows[i] for i in order]
         batch.cache.batch_select_indices(index)
         batch.mask = batch.mask[index]
         batch.next_ids = batch.next_ids[index]
@@ -768,8 +775,11 @@ class HFEngine:
         if lead:
             batch.mask = batch.mask[:, lead:]
             for layer in batch.cache.layers:
-                layer.keys = layer.keys[..., lead:, :]
-                layer.values = layer.values[..., lead:, :]
+                if isinstance(layer, GrowingLayer):
+                    layer.drop_leading(lead)  # a view: the spare columns stay
+                else:
+                    layer.keys = layer.keys[..., lead:, :]
+                    layer.values = layer.values[..., lead:, :]
 
 
 # A forward pass's cost on a CPU is a fixed part (streaming the weights, ~30 layers of kernel
@@ -921,8 +931,11 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
     """One batch from two: left-pad the shorter cache (zero keys/values, mask 0) and stack rows."""
     width = max(a.mask.shape[1], b.mask.shape[1])
     for la, lb in zip(a.cache.layers, b.cache.layers):
-        la.keys = torch.cat([_left_pad(la.keys, width, -2), _left_pad(lb.keys, width, -2)])
-        la.values = torch.cat([_left_pad(la.values, width, -2), _left_pad(lb.values, width, -2)])
+        if isinstance(la, GrowingLayer) and isinstance(lb, GrowingLayer):
+            stack_rows([la, lb], width, out=la)
+        else:
+            la.keys = torch.cat([_left_pad(la.keys, width, -2), _left_pad(lb.keys, width, -2)])
+            la.values = torch.cat([_left_pad(la.values, width, -2), _left_pad(lb.values, width, -2)])
     return _Batch(rows=a.rows + b.rows, cache=a.cache,
                   mask=torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)]),
                   next_ids=torch.cat([a.next_ids, b.next_ids]),

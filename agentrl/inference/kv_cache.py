@@ -74,9 +74,33 @@ class GrowingLayer(DynamicLayer):
         self._k_len, self._v_len = min(self._k_len, length), min(self._v_len, length)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep rows `indices`, spare columns included (the next step still writes in place)."""
-        if self._k is not None and self._v is not None and self._k_len:
+        """Keep rows `indices` (fewer rows than now), spare columns included (the next step still
+        writes in place). In place: row i takes row indices[i] where the two differ, and the
+        buffer becomes a view of its first rows, so only the moved rows are copied, not the
+        whole cache. With the engine's plan (holes filled from the end) that is one row per
+        finished request; a full index copy cost 5% of the engine's forward time (stop 43)."""
+        if self._k is None or self._v is None or not self._k_len:
+            return
+        rows = len(indices)
+        if rows > self._k.shape[0]:  # a selection that repeats rows: copy
             self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+            return
+        moved = (indices != torch.arange(rows, device=indices.device)).nonzero().squeeze(-1)
+        if len(moved):
+            source = indices[moved]
+            self._k[moved], self._v[moved] = self._k[source], self._v[source]  # sources gathered first
+        self._k, self._v = self._k[:rows], self._v[:rows]
+
+    def drop_leading(self, columns: int) -> None:
+        """Forget the first `columns` columns (padding in every row): a view that keeps the spare
+        columns after the filled ones, so the next step still writes in place."""
+        if self._k is not None and self._v is not None:
+            self._k, self._v = self._k[..., columns:, :], self._v[..., columns:, :]
+            self._k_len, self._v_len = self._k_len - columns, self._v_len - columns
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+        """Take buffers whose first `filled` columns hold the cache and whose others are spare."""
+        self._k, self._v, self._k_len, self._v_len = keys, values, filled, filled
 
 
 def _filled(value: torch.Tensor | None) -> int:
@@ -94,6 +118,27 @@ def _append(buffer: torch.Tensor | None, filled: int, new: torch.Tensor, grow: i
         buffer = larger
     buffer[..., filled:end, :] = new
     return buffer, end
+
+
+def stack_rows(layers: list[GrowingLayer], width: int, out: GrowingLayer) -> None:
+    """Stack the layers' rows into `out`, each left-padded to `width` columns (zero keys and
+    values, which the batch's mask hides), in buffers with `GrowingLayer.grow` spare columns: the
+    next decode step writes in place instead of copying the merged cache once more."""
+    first = layers[0].keys
+    assert first is not None
+    rows = sum(layer.keys.shape[0] for layer in layers if layer.keys is not None)
+    shape = (rows, *first.shape[1:-2], width + GrowingLayer.grow, first.shape[-1])
+    buffers = []
+    for name in ("keys", "values"):
+        buffer, row = first.new_empty(shape), 0
+        for layer in layers:
+            part = getattr(layer, name)
+            n, pad = part.shape[0], width - part.shape[-2]
+            buffer[row:row + n, ..., :pad, :] = 0
+            buffer[row:row + n, ..., pad:width, :] = part
+            row += n
+        buffers.append(buffer)
+    out.adopt(buffers[0], buffers[1], width)
 
 
 def truncate_cache(cache: DynamicCache, length: int) -> None:
