@@ -51,7 +51,7 @@ from transformers.cache_utils import DynamicLayer
 from agentrl.attention import RAGGED, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
-from agentrl.inference.kv_cache import GrowingLayer, growing_cache, stack_rows, truncate_cache
+from agentrl.inference.kv_cache import drop_leading, growing_cache, stack_rows, truncate_cache
 from agentrl.inference.ngram import propose_continuation
 from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.inference.sampling import SAMPLERS, processed_logprobs, sample_tokens
@@ -774,12 +774,7 @@ class HFEngine:
         lead = int((batch.mask.sum(0) == 0).long().cumprod(0).sum())
         if lead:
             batch.mask = batch.mask[:, lead:]
-            for layer in batch.cache.layers:
-                if isinstance(layer, GrowingLayer):
-                    layer.drop_leading(lead)  # a view: the spare columns stay
-                else:
-                    layer.keys = layer.keys[..., lead:, :]
-                    layer.values = layer.values[..., lead:, :]
+            drop_leading(batch.cache, lead)
 
 
 # A forward pass's cost on a CPU is a fixed part (streaming the weights, ~30 layers of kernel
@@ -931,11 +926,7 @@ def _merge(a: _Batch, b: _Batch) -> _Batch:
     """One batch from two: left-pad the shorter cache (zero keys/values, mask 0) and stack rows."""
     width = max(a.mask.shape[1], b.mask.shape[1])
     for la, lb in zip(a.cache.layers, b.cache.layers):
-        if isinstance(la, GrowingLayer) and isinstance(lb, GrowingLayer):
-            stack_rows([la, lb], width, out=la)
-        else:
-            la.keys = torch.cat([_left_pad(la.keys, width, -2), _left_pad(lb.keys, width, -2)])
-            la.values = torch.cat([_left_pad(la.values, width, -2), _left_pad(lb.values, width, -2)])
+        stack_rows([la, lb], width, out=la)
     return _Batch(rows=a.rows + b.rows, cache=a.cache,
                   mask=torch.cat([_left_pad(a.mask, width, 1), _left_pad(b.mask, width, 1)]),
                   next_ids=torch.cat([a.next_ids, b.next_ids]),

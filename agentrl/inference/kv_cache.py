@@ -122,14 +122,16 @@ def _append(buffer: torch.Tensor | None, filled: int, new: torch.Tensor, grow: i
     return buffer, end
 
 
-def stack_rows(layers: list[GrowingLayer], width: int, out: GrowingLayer) -> None:
+def stack_rows(layers: list[DynamicLayer], width: int, out: DynamicLayer) -> None:
     """Stack the layers' rows into `out`, each left-padded to `width` columns (zero keys and
-    values, which the batch's mask hides), in buffers with `GrowingLayer.grow` spare columns: the
-    next decode step writes in place instead of copying the merged cache once more."""
+    values, which the batch's mask hides). A `GrowingLayer` gets buffers with `GrowingLayer.grow`
+    spare columns: the next decode step writes in place instead of copying the merged cache once
+    more."""
     first = layers[0].keys
     assert first is not None
-    rows = sum(layer.keys.shape[0] for layer in layers if layer.keys is not None)
-    shape = (rows, *first.shape[1:-2], width + GrowingLayer.grow, first.shape[-1])
+    spare = GrowingLayer.grow if isinstance(out, GrowingLayer) else 0
+    rows = sum(layer.keys.shape[0] for layer in layers)
+    shape = (rows, *first.shape[1:-2], width + spare, first.shape[-1])
     buffers = []
     for name in ("keys", "values"):
         buffer, row = first.new_empty(shape), 0
@@ -140,7 +142,20 @@ def stack_rows(layers: list[GrowingLayer], width: int, out: GrowingLayer) -> Non
             buffer[row:row + n, ..., pad:width, :] = part
             row += n
         buffers.append(buffer)
-    out.adopt(buffers[0], buffers[1], width)
+    if isinstance(out, GrowingLayer):
+        out.adopt(buffers[0], buffers[1], width)
+    else:
+        out.keys, out.values = buffers
+
+
+def drop_leading(cache: DynamicCache, columns: int) -> None:
+    """Drop every layer's first `columns` columns (padding in every row; as views that keep a
+    `GrowingLayer`'s spare columns)."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.drop_leading(columns)
+        elif layer.keys is not None and layer.values is not None:
+            layer.keys, layer.values = layer.keys[..., columns:, :], layer.values[..., columns:, :]
 
 
 def truncate_cache(cache: DynamicCache, length: int) -> None:
