@@ -105,6 +105,9 @@ class RolloutConfig:
     concurrency: int = 8  # trajectories in flight per worker
     trajectory_timeout_s: float = 300.0
     max_context_tokens: int = 2048
+    # A task field (e.g. "kind") whose values RL's prompts take turns over (laminar/prompts.py):
+    # each value as often as the others, not in proportion to its number of tasks. None: shuffled.
+    balance_key: str | None = None
 
 
 @dataclass

@@ -335,6 +335,11 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
         if not tasks:
             raise UserError(f"env '{cfg.env.name}' has no training tasks",
                             fix="check its task settings (env.kwargs.*); `agentrl env check NAME` builds it alone")
+        key = cfg.rollout.balance_key
+        if key is not None and (missing := next((t for t in tasks if key not in t), None)) is not None:
+            raise UserError(f"rollout.balance_key {key!r} is not a field of env '{cfg.env.name}''s task "
+                            f"{missing.get('id')!r}", fix=f"use one of its fields ({', '.join(sorted(missing))}) "
+                            "or rollout.balance_key=null")
     except BaseException:
         await pool.close()
         raise

@@ -100,6 +100,13 @@ def test_no_tasks_exit_1(capsys: pytest.CaptureFixture[str], stub_learner: list[
     assert "has no training tasks" in line and "fix:" in line
 
 
+def test_a_balance_key_the_tasks_lack_exit_1(capsys: pytest.CaptureFixture[str], stub_learner: list[str]) -> None:
+    code, line = fail(capsys, "train", "--env", "search", "rollout.balance_key=level", *stub_learner)
+    assert code == 1
+    assert "rollout.balance_key 'level' is not a field of env 'search''s task" in line
+    assert "fix: use one of its fields (answers, hops, id, kind, question, split)" in line
+
+
 def test_no_docker_engine_exit_1(capsys: pytest.CaptureFixture[str], stub_learner: list[str],
                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")

@@ -104,7 +104,8 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
         raise ValueError("on the Ray runtime pass engine factories (each actor builds its own engine)")
     buffer = rt.spawn(ExperienceBuffer, G, capacity=lam.buffer_capacity, max_staleness=lam.max_staleness,
                       seed=cfg.run.seed, name="buffer")
-    prompts = rt.spawn(PromptPool, list(tasks), G, seed=cfg.run.seed, shuffle=shuffle_prompts, name="prompts")
+    prompts = rt.spawn(PromptPool, list(tasks), G, seed=cfg.run.seed, shuffle=shuffle_prompts,
+                       balance_key=cfg.rollout.balance_key, name="prompts")
     partial = rt.spawn(PartialResponsePool, name="partial")
     if resume_state is not None:  # before any worker takes a prompt
         await prompts.load_state_dict(resume_state["prompts"])

@@ -1,6 +1,9 @@
 """Prompt pool: hands out whole prompt groups (Laminar §3.1 data module; algorithms.md §1.3).
 
-All G samples of a task form one group and go to one worker. A *quota* lets the baselines
+All G samples of a task form one group and go to one worker. With a `balance_key` (a task field,
+e.g. a question kind) the order takes turns over that field's values, so RL trains on every kind
+as often as a held-out set that mixes kinds evenly asks about it, not in proportion to how many
+tasks each kind has. A *quota* lets the baselines
 (`sync`, `global-async`) release exactly one batch at a time and require a minimum weight
 version of the worker that takes it; Laminar leaves the quota open.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,9 +34,11 @@ class GroupSpec:
 
 
 class PromptPool:
-    """Cycles over the tasks (reshuffled every epoch); regenerated groups go first."""
+    """Cycles over the tasks (reshuffled every epoch, in turns over `balance_key`'s values when
+    set); regenerated groups go first."""
 
-    def __init__(self, tasks: list[Task], group_size: int, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(self, tasks: list[Task], group_size: int, seed: int = 0, shuffle: bool = True,
+                 balance_key: str | None = None) -> None:
         if not tasks:
             raise ValueError("the prompt pool needs at least one task")
         for t in tasks:
@@ -40,10 +46,14 @@ class PromptPool:
                 raise ValueError(f"every task must be a dict with an 'id' key, got {t!r:.80}")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if balance_key is not None and (missing := [t["id"] for t in tasks if balance_key not in t]):
+            raise ValueError(f"rollout.balance_key {balance_key!r} is not a field of every task (e.g. "
+                             f"{missing[0]!r}); set it to a field the env's tasks have, or null")
         self.tasks = list(tasks)
         self.group_size = group_size
         self.seed = seed
         self.shuffle = shuffle
+        self.balance_key = balance_key
         self._order: list[int] = []
         self._epoch = -1
         self._pos = 0
@@ -57,13 +67,30 @@ class PromptPool:
     def _next_task(self) -> Task:
         if self._pos >= len(self._order):
             self._epoch += 1
-            self._order = list(range(len(self.tasks)))
-            if self.shuffle:
-                random.Random(self.seed * 100003 + self._epoch).shuffle(self._order)
+            self._order = self._epoch_order(random.Random(self.seed * 100003 + self._epoch))
             self._pos = 0
         task = self.tasks[self._order[self._pos]]
         self._pos += 1
         return task
+
+    def _epoch_order(self, rng: random.Random) -> list[int]:
+        """Every task once: shuffled, or with a `balance_key` one task of each value in turn (each
+        value's tasks shuffled, the values in a shuffled order), a value that runs out leaving
+        the turns to the others."""
+        order = list(range(len(self.tasks)))
+        if self.balance_key is None:
+            if self.shuffle:
+                rng.shuffle(order)
+            return order
+        by_value: dict[str, list[int]] = {}
+        for i in order:
+            by_value.setdefault(str(self.tasks[i][self.balance_key]), []).append(i)
+        strata = [by_value[v] for v in sorted(by_value)]
+        if self.shuffle:
+            for stratum in strata:
+                rng.shuffle(stratum)
+            rng.shuffle(strata)
+        return [i for turn in itertools.zip_longest(*strata) for i in turn if i is not None]
 
     async def take(self, n: int, worker_version: int) -> list[GroupSpec]:
         """Up to `n` groups for a worker holding `worker_version` (none if it is too old or
