@@ -48,7 +48,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agentrl.attention import RAGGED, RaggedPart, causal_padding_mask
+from agentrl.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.kv_cache import drop_leading, growing_cache, stack_rows, truncate_cache
@@ -170,7 +170,9 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.speculative_tokens = speculative_tokens
         self.sampler = sampler  # sampling.py: how a sampled row draws its token
-        self.fuse_passes = fuse_passes  # a step's decode rows and new rows in one ragged forward (`_forward`)
+        # a step's decode rows and new rows in one ragged forward (`_forward`); only agentrl's attention
+        # reads a ragged pass's parts, so a model loaded with another runs a pass per rectangle
+        self.fuse_passes = fuse_passes and getattr(self.model.config, "_attn_implementation", None) == SDPA_GQA
         self.prompt_lookup = (prompt_lookup_min, prompt_lookup_max)
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(self.model.config.vocab_size)
@@ -542,13 +544,13 @@ class HFEngine:
         weights streamed once), so a step that also prefills pays it once instead of per pass.
         The last `prefills` passes are prefills: their own passes' count and time are metered."""
         m = self.metrics
-        runs = [passes] if self.fuse_passes and len(passes) > 1 else [[p] for p in passes]
+        runs = [passes] if self.fuse_passes else [[p] for p in passes]
         if len(runs) == 1 and len(passes) > 1:
             m["fused_prefills"] += prefills
         outs: list[torch.Tensor] = []
         for run in runs:
             start = time.perf_counter()
-            if len(run) > 1:
+            if self.fuse_passes:  # one pass too: its attention mask is then converted once, not per layer
                 outs += self._ragged_forward(run)
             else:
                 p = run[0]
