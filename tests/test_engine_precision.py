@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentrl import attention
-from agentrl.attention import RaggedPart, flash_decode_attention, grouped_decode_attention, ragged_attention
+from agentrl.attention import flash_decode_attention, grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
@@ -210,40 +210,6 @@ def test_decode_attention_of_a_query_with_nothing_to_attend_is_finite(attend):
                                                            attn_mask=mask, enable_gqa=True).transpose(1, 2)
     live = mask.any(-1)[:, 0]  # [B, q]: queries with a key to attend
     assert float((got.float() - ref)[live].abs().max()) < 2e-2
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_ragged_pass_hands_torch_its_mask_converted_once_and_attends_to_the_bit_the_same(dtype):
-    """`RaggedPart.kernel_mask` is torch's own conversion of the boolean mask (0 / -inf), made once
-    per pass instead of once per layer: a decode rectangle and a prefill rectangle (with a query
-    that may attend to nothing) give the outputs the boolean mask gives, bit for bit."""
-    from transformers import DynamicCache
-
-    torch.manual_seed(0)
-    module = torch.nn.Module()
-    module.num_key_value_groups, module.layer_idx = 3, 0
-
-    def run(convert: bool) -> torch.Tensor:
-        torch.manual_seed(1)
-        query, key, value = torch.randn(1, 9, 2 + 12, 64), torch.randn(1, 3, 2 + 12, 64), torch.randn(1, 3, 2 + 12, 64)
-        past = DynamicCache()
-        past.update(torch.randn(2, 3, 5, 64), torch.randn(2, 3, 5, 64), 0)  # 2 decode rows over 5 cached
-        decode = torch.ones(2, 1, 1, 6, dtype=torch.bool)
-        decode[0, ..., :2] = False
-        prefill = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6).clone()
-        prefill[1, ..., :3] = False  # left padding: row 1's first query attends to nothing
-        parts = [RaggedPart(0, 2, 1, past, decode), RaggedPart(2, 2, 6, DynamicCache(), prefill)]
-        if not convert:  # what torch's kernel receives without the conversion: the boolean mask itself
-            for part in parts:
-                part.kernel_mask = lambda _dtype, part=part: part.mask  # type: ignore[method-assign]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            return ragged_attention(module, query, key, value, parts, 0.0, None)
-
-    assert RaggedPart(0, 1, 1, None, torch.tensor([[[[True, False]]]])).kernel_mask(dtype).tolist() == \
-        [[[[0.0, float("-inf")]]]]
-    converted, boolean = run(True), run(False)
-    assert converted.shape == (1, 2 + 12, 9, 64)
-    assert torch.equal(converted, boolean)
 
 
 async def test_relay_stores_the_engine_precision_and_the_engine_shares_it(path, prompts):

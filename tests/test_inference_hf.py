@@ -303,6 +303,27 @@ async def test_rows_that_join_a_decoding_batch_are_prefilled_in_its_forward_pass
         assert max_diff(model, prompt, a) < 1e-4
 
 
+async def test_a_model_loaded_with_another_attention_runs_a_pass_per_rectangle(model_path, prompts):
+    """Only agentrl's attention reads a ragged pass's parts: with transformers' own `sdpa` the
+    engine fuses nothing (`fuse_passes` is off whatever was asked), and rows that join a decoding
+    batch still get the tokens greedy decoding gives each of them alone."""
+    engine = HFEngine(model_path, attn_implementation="sdpa", fuse_passes=True, speculative_tokens=0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    try:
+        assert engine.fuse_passes is False
+        alone = [await engine.generate(p, greedy) for p in prompts[:3]]
+        steps = engine.metrics["steps"]
+        running = asyncio.create_task(engine.generate(prompts[0], SamplingParams(temperature=0.0, max_tokens=24)))
+        while engine.metrics["steps"] < steps + 2:  # it decodes when the others arrive
+            await asyncio.sleep(0.005)
+        joined = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts[1:3]))
+        await running
+    finally:
+        await engine.close()
+    assert engine.metrics["fused_prefills"] == 0
+    assert [o.token_ids for o in joined] == [o.token_ids for o in alone[1:]]
+
+
 async def test_load_weights_changes_outputs_and_version(engine, prompts):
     sp = SamplingParams(temperature=0.0, max_tokens=10)
     before = await engine.generate(prompts[3], sp)

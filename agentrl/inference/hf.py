@@ -544,13 +544,13 @@ class HFEngine:
         weights streamed once), so a step that also prefills pays it once instead of per pass.
         The last `prefills` passes are prefills: their own passes' count and time are metered."""
         m = self.metrics
-        runs = [passes] if self.fuse_passes else [[p] for p in passes]
+        runs = [passes] if self.fuse_passes and len(passes) > 1 else [[p] for p in passes]
         if len(runs) == 1 and len(passes) > 1:
             m["fused_prefills"] += prefills
         outs: list[torch.Tensor] = []
         for run in runs:
             start = time.perf_counter()
-            if self.fuse_passes:  # one pass too: its attention mask is then converted once, not per layer
+            if len(run) > 1:
                 outs += self._ragged_forward(run)
             else:
                 p = run[0]
