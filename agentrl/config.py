@@ -107,6 +107,7 @@ class RolloutConfig:
     max_context_tokens: int = 2048
     # A task field (e.g. "kind") whose values RL's prompts take turns over (laminar/prompts.py):
     # each value as often as the others, not in proportion to its number of tasks. None: shuffled.
+    # On search, kinds in turn gave no larger RL gain over three seeds (docs/benchmarks.md, stop 44).
     balance_key: str | None = None
 
 
