@@ -295,6 +295,7 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
     from agentrl.inference import make_engine
     from agentrl.laminar.cluster import loop_runtime, pool_metrics
     from agentrl.laminar.loop import run_training_async
+    from agentrl.laminar.prompts import task_without
     from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
     from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -336,7 +337,7 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
             raise UserError(f"env '{cfg.env.name}' has no training tasks",
                             fix="check its task settings (env.kwargs.*); `agentrl env check NAME` builds it alone")
         key = cfg.rollout.balance_key
-        if key is not None and (missing := next((t for t in tasks if key not in t), None)) is not None:
+        if key is not None and (missing := task_without(tasks, key)) is not None:
             raise UserError(f"rollout.balance_key {key!r} is not a field of env '{cfg.env.name}''s task "
                             f"{missing.get('id')!r}", fix=f"use one of its fields ({', '.join(sorted(missing))}) "
                             "or rollout.balance_key=null")

@@ -33,6 +33,11 @@ class GroupSpec:
         return [f"{self.group_id}/{i}" for i in range(self.size)]
 
 
+def task_without(tasks: list[Task], key: str) -> Task | None:
+    """The first task that lacks the field `key` (a `balance_key` every task must have), or None."""
+    return next((t for t in tasks if key not in t), None)
+
+
 class PromptPool:
     """Cycles over the tasks (reshuffled every epoch, in turns over `balance_key`'s values when
     set); regenerated groups go first."""
@@ -46,9 +51,9 @@ class PromptPool:
                 raise ValueError(f"every task must be a dict with an 'id' key, got {t!r:.80}")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if balance_key is not None and (missing := [t["id"] for t in tasks if balance_key not in t]):
+        if balance_key is not None and (missing := task_without(tasks, balance_key)) is not None:
             raise ValueError(f"rollout.balance_key {balance_key!r} is not a field of every task (e.g. "
-                             f"{missing[0]!r}); set it to a field the env's tasks have, or null")
+                             f"{missing['id']!r}); set it to a field the env's tasks have, or null")
         self.tasks = list(tasks)
         self.group_size = group_size
         self.seed = seed
