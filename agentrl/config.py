@@ -271,6 +271,8 @@ class EvalConfig:
     temperature: float = 0.0  # 0: greedy, so repeated evaluations of the same weights agree
     concurrency: int | None = None  # episodes in flight; None: rollout.concurrency. Nothing trains
                                     # meanwhile, so wider decode batches are cheaper per task
+    group_by: str | None = None  # a task field (search: kind): each evaluation also counts successes per
+                                 # value of it, and the run says which values RL moved
 
 
 @dataclass

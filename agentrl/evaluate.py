@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.heap import trim_heap
-from agentrl.types import Trajectory
+from agentrl.types import Task, Trajectory
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -79,12 +80,37 @@ def gain_line(gain: dict[str, Any]) -> str:
             f"{gain['lost']} lost, n={gain['n']})")
 
 
-def rl_gain(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What RL added on held-out tasks: the final evaluation against the one after the warm start
-    (the base one when there was no warm start), paired over the same tasks."""
+def rl_span(records: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The evaluations RL's effect lies between: the one after the warm start (the base one when
+    there was no warm start) and the final one; None before a final evaluation."""
     by_phase = {r["phase"]: r for r in records}
     start = by_phase.get("warm_start") or by_phase.get("base")
-    return heldout_gain(start, by_phase["final"]) if start and "final" in by_phase else None
+    return (start, by_phase["final"]) if start and "final" in by_phase else None
+
+
+def rl_gain(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What RL added on held-out tasks: `rl_span`'s two evaluations, paired over the same tasks."""
+    span = rl_span(records)
+    return heldout_gain(*span) if span else None
+
+
+def success_by_group(outcomes: Iterable[tuple[str, int]], group_of: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Successes and episodes per value of a task field (`eval.group_by`), sorted by value, from
+    (task id, success) pairs."""
+    out: dict[str, dict[str, int]] = {}
+    for task_id, ok in outcomes:
+        counts = out.setdefault(group_of[task_id], {"successes": 0, "n": 0})
+        counts["successes"] += int(ok)
+        counts["n"] += 1
+    return dict(sorted(out.items()))
+
+
+def group_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """'country_alpha3 0/5 → 3/5' for every group whose successes differ between two evaluations
+    (empty when they were not counted per group)."""
+    b, a = before.get("heldout_by_group") or {}, after.get("heldout_by_group") or {}
+    return [f"{g} {b[g]['successes']}/{b[g]['n']} → {a[g]['successes']}/{a[g]['n']}"
+            for g in a if g in b and a[g]["successes"] != b[g]["successes"]]
 
 
 @dataclass
@@ -158,6 +184,12 @@ class HeldOutEvaluator:
             raise ConfigError(f"eval.split={cfg.eval.split!r}: env '{cfg.env.name}' has no tasks there")
         self.cfg, self.env_factory, self.engine = cfg, env_factory, engine
         self.tasks = [tasks[i % len(tasks)] for i in range(min(cfg.eval.n, len(tasks)))]
+        self.group_of: dict[str, str] | None = None  # task id -> its eval.group_by value
+        if (key := cfg.eval.group_by) is not None:
+            from agentrl.laminar.prompts import require_field
+
+            require_field(self.tasks, key, "eval.group_by", cfg.env.name)
+            self.group_of = {str(t.get("id", "")): str(t[key]) for t in self.tasks}
         self.sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=cfg.sampling.top_p,
                                        max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed)
         self.rollout = RolloutEngine(engine, tokenizer, self.sampling,
@@ -203,6 +235,9 @@ class HeldOutEvaluator:
                # per task, so two evaluations of the same tasks can be compared pairwise
                "heldout_outcomes": {t.task_id: int(is_success(t)) for t in sorted(trajs, key=lambda t: t.task_id)},
                "wall_s": time.perf_counter() - self.started}
+        if self.group_of is not None:
+            rec["group_by"] = self.cfg.eval.group_by
+            rec["heldout_by_group"] = success_by_group(rec["heldout_outcomes"].items(), self.group_of)
         self.records.append(rec)
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -239,7 +274,9 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
 
 
 async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
-                   ) -> list[Trajectory]:
+                   ) -> tuple[list[Task], list[Trajectory]]:
+    """`agentrl eval`: the first `n` tasks of `split` (cycled; the train split when it has none),
+    one episode each; returns them and their trajectories."""
     from agentrl.inference import make_engine
     from agentrl.inference.base import SamplingParams, all_cores
     from agentrl.models import load_tokenizer, resolve_configured
@@ -269,6 +306,10 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
         if not tasks:
             raise ConfigError(f"env '{cfg.env.name}' has no tasks")
         chosen = [tasks[i % len(tasks)] for i in range(n)]
+        if cfg.eval.group_by is not None:
+            from agentrl.laminar.prompts import require_field
+
+            require_field(chosen, cfg.eval.group_by, "eval.group_by", cfg.env.name)
         rollout = RolloutEngine(
             engine, tokenizer,
             SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
@@ -278,7 +319,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             max_context_tokens=cfg.rollout.max_context_tokens)
         with all_cores(engine):  # the only work in this process: every core decodes
             groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
-        return [t for g in groups for t in g.trajectories]
+        return chosen, [t for g in groups for t in g.trajectories]
     finally:
         await pool.close()
         await engine.close()
@@ -292,8 +333,9 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
         raise ConfigError(f"--n must be >= 1, got {n}")
     cfg, ckpt = _resolve(model, env, config_file, list(overrides or []))
     check_env_name(cfg.env.name)
-    trajs = asyncio.run(evaluate(cfg, n, split, ckpt))
+    tasks, trajs = asyncio.run(evaluate(cfg, n, split, ckpt))
     res = summarize_trajectories(trajs)
+    figures = res.to_dict()
     print(f"env {cfg.env.name}  model {model or cfg.model.name}  episodes {res.n}")
     print(f"success rate  {res.success_rate:.3f}  (95% CI {res.ci_low:.3f}–{res.ci_high:.3f}, "
           f"{res.successes}/{res.n})")
@@ -302,5 +344,11 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
     print(f"mean tokens   {res.tokens_mean:.1f}")
     print(f"mean tool calls {res.tool_calls_mean:.2f}  errors {res.errors}")
     print(f"valid-call rate {res.valid_call_rate:.3f}")
-    print(json.dumps(res.to_dict()))
+    if (key := cfg.eval.group_by) is not None:
+        from agentrl.run import is_success
+
+        group_of = {str(t.get("id", "")): str(t[key]) for t in tasks}
+        figures["by_group"] = success_by_group(((t.task_id, int(is_success(t))) for t in trajs), group_of)
+        print(f"by {key}: " + ", ".join(f"{g} {c['successes']}/{c['n']}" for g, c in figures["by_group"].items()))
+    print(json.dumps(figures))
     return 0

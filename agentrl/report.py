@@ -145,7 +145,7 @@ def write_report(run_dir: str | Path) -> Path:
     if heldout:
         heldout = ("<h2>held-out evaluation</h2><table><tr><td>phase</td><td>step</td><td>success</td>"
                    f"<td>95% CI</td><td>n</td><td>turns</td><td>valid calls</td></tr>{heldout}</table>")
-        heldout += _gain_paragraph(evals)
+        heldout += _gain_paragraph(evals) + _group_table(evals)
 
     summary_keys = ["step", "reward_mean", "success_rate", "turns_mean", "policy_tokens", "tokens_per_s",
                     "staleness_mean", "loss", "grad_norm", "wall_s"]
@@ -169,11 +169,35 @@ table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px}}</st
 
 
 def _gain_paragraph(evals: list[dict[str, Any]]) -> str:
-    """RL's held-out gain (final against the warm start, or base) with its paired 95% CI."""
-    from agentrl.evaluate import gain_line, rl_gain
+    """RL's held-out gain (final against the warm start, or base) with its paired 95% CI, and the
+    `eval.group_by` values whose successes it changed."""
+    from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span
 
     gain = rl_gain(evals)
-    return "" if gain is None else f"<p>{html.escape(gain_line(gain))}</p>"
+    if gain is None:
+        return ""
+    start, final = rl_span(evals)
+    changes = group_changes(start, final)
+    moved = f"<p>by {html.escape(final['group_by'])}: {html.escape(', '.join(changes))}</p>" if changes else ""
+    return f"<p>{html.escape(gain_line(gain))}</p>{moved}"
+
+
+def _group_table(evals: list[dict[str, Any]]) -> str:
+    """Held-out successes per value of `eval.group_by`, one column per evaluation."""
+    counted = [r for r in evals if r.get("heldout_by_group")]
+    if not counted:
+        return ""
+    key = html.escape(counted[-1]["group_by"])
+    groups = sorted({g for r in counted for g in r["heldout_by_group"]})
+
+    def cell(counts: dict[str, int] | None) -> str:
+        return "" if counts is None else f"{counts['successes']}/{counts['n']}"
+
+    head = "".join(f"<td>{html.escape(r['phase'])} ({r['step']})</td>" for r in counted)
+    rows = "".join(f"<tr><td>{html.escape(g)}</td>"
+                   + "".join(f"<td>{cell(r['heldout_by_group'].get(g))}</td>" for r in counted) + "</tr>"
+                   for g in groups)
+    return f"<h3>held-out successes per {key}</h3><table><tr><td>{key}</td>{head}</tr>{rows}</table>"
 
 
 def _fmt(v: Any) -> str:

@@ -295,7 +295,7 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
     from agentrl.inference import make_engine
     from agentrl.laminar.cluster import loop_runtime, pool_metrics
     from agentrl.laminar.loop import run_training_async
-    from agentrl.laminar.prompts import task_without
+    from agentrl.laminar.prompts import require_field
     from agentrl.models import resolve_configured
     from agentrl.sandboxes import make_pool
     from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -331,16 +331,19 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
         try:
             status.stage = "validating tasks"
             tasks = list(await asyncio.to_thread(probe.tasks, "train"))  # the display ticks meanwhile
+            # the task fields settings name, checked before any work (eval's tasks: its split's)
+            fields = [("rollout.balance_key", cfg.rollout.balance_key, tasks)]
+            if cfg.eval.enabled and cfg.eval.group_by is not None:
+                eval_tasks = list(await asyncio.to_thread(probe.tasks, cfg.eval.split))[:cfg.eval.n]
+                fields.append(("eval.group_by", cfg.eval.group_by, eval_tasks))
         finally:
             await probe.aclose()
         if not tasks:
             raise UserError(f"env '{cfg.env.name}' has no training tasks",
                             fix="check its task settings (env.kwargs.*); `agentrl env check NAME` builds it alone")
-        key = cfg.rollout.balance_key
-        if key is not None and (missing := task_without(tasks, key)) is not None:
-            raise UserError(f"rollout.balance_key {key!r} is not a field of env '{cfg.env.name}''s task "
-                            f"{missing.get('id')!r}", fix=f"use one of its fields ({', '.join(sorted(missing))}) "
-                            "or rollout.balance_key=null")
+        for setting, key, with_field in fields:
+            if key is not None:
+                require_field(with_field, key, setting, cfg.env.name)
     except BaseException:
         await pool.close()
         raise

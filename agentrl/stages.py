@@ -182,7 +182,7 @@ class Stages:
             await self.evaluate("final", step_done)
         out: dict[str, Any] = {}
         if self.evaluator is not None:
-            from agentrl.evaluate import gain_line, rl_gain
+            from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span
 
             out["heldout"] = self.evaluator.records
             by_phase = {r["phase"]: r for r in self.evaluator.records}
@@ -199,6 +199,9 @@ class Stages:
             if gain is not None:
                 out["heldout_gain"] = gain
                 _say(self.cfg, gain_line(gain))
+                if changes := group_changes(*rl_span(self.evaluator.records)):
+                    _say(self.cfg, f"held-out by {self.cfg.eval.group_by}, {gain['from']} → {gain['to']}: "
+                         + ", ".join(changes))
         if self.warm_rows:
             tokens = sum(r["num_tokens"] for r in self.warm_rows)
             train_s = sum(r["sft_step_s"] for r in self.warm_rows)

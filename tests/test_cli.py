@@ -67,6 +67,11 @@ def test_eval_scores_the_embedded_model_on_held_out_tasks() -> None:
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["n"] == 2 and 0 <= figures["success_rate"] <= 1 and figures["errors"] == 0
     assert 1 <= figures["turns_mean"] <= 2 and 0 < figures["tokens_mean"] <= 2 * 16
+    # configs/search.yaml's eval.group_by: the same episodes counted per question kind
+    by_kind = figures["by_group"]
+    assert sum(c["n"] for c in by_kind.values()) == 2
+    assert sum(c["successes"] for c in by_kind.values()) == round(2 * figures["success_rate"])
+    assert "by kind: " + ", ".join(f"{k} {c['successes']}/{c['n']}" for k, c in by_kind.items()) in out.stdout
 
 
 def test_envs_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:

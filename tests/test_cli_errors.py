@@ -107,6 +107,15 @@ def test_a_balance_key_the_tasks_lack_exit_1(capsys: pytest.CaptureFixture[str],
     assert "fix: use one of its fields (answers, hops, id, kind, question, split)" in line
 
 
+def test_an_eval_group_by_the_held_out_tasks_lack_exit_1(capsys: pytest.CaptureFixture[str],
+                                                         stub_learner: list[str]) -> None:
+    evaluating = [a if a != "eval.enabled=false" else "eval.enabled=true" for a in stub_learner]
+    code, line = fail(capsys, "train", "--env", "search", "eval.group_by=level", *evaluating)
+    assert code == 1
+    assert "eval.group_by 'level' is not a field of env 'search''s task 'search/" in line
+    assert "fix: use one of its fields (answers, hops, id, kind, question, split) or eval.group_by=null" in line
+
+
 def test_no_docker_engine_exit_1(capsys: pytest.CaptureFixture[str], stub_learner: list[str],
                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")

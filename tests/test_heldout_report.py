@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from agentrl.evaluate import (
+    group_changes,
     heldout_line,
     paired_difference_interval,
     rl_gain,
+    success_by_group,
     summarize_trajectories,
     valid_call_rate,
     wilson_interval,
@@ -138,3 +140,34 @@ def test_rl_gain_pairs_final_with_the_warm_start_and_the_report_prints_it(tmp_pa
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 0.1}) + "\n")
     page = (write_report(tmp_path) / "index.html").read_text()
     assert "held-out gain warm_start → final: +0.250 (paired 95% CI" in page and "2 tasks gained, 0 lost" in page
+
+
+def test_successes_per_group_and_the_groups_rl_moved_reach_the_report(tmp_path: Path) -> None:
+    group_of = {"a1": "alpha2", "a2": "alpha2", "b1": "numeric", "c1": "currency"}
+    warm = {"a1": 0, "a2": 1, "b1": 1, "c1": 0}
+    final = {"a1": 1, "a2": 1, "b1": 0, "c1": 0}
+    by_warm, by_final = success_by_group(warm.items(), group_of), success_by_group(final.items(), group_of)
+    assert by_warm == {"alpha2": {"successes": 1, "n": 2}, "currency": {"successes": 0, "n": 1},
+                       "numeric": {"successes": 1, "n": 1}}
+    assert list(by_final) == ["alpha2", "currency", "numeric"] and by_final["alpha2"]["successes"] == 2
+    # `agentrl eval --n` beyond the split cycles its tasks: each episode counts
+    assert success_by_group([("b1", 1), ("b1", 0), ("c1", 1)], group_of) == {
+        "currency": {"successes": 1, "n": 1}, "numeric": {"successes": 1, "n": 2}}
+
+    def rec(phase: str, outcomes: dict[str, int], by: dict | None) -> dict:
+        return {"phase": phase, "step": 3, "split": "test", "heldout_n": 4,
+                "heldout_success": sum(outcomes.values()) / 4, "heldout_ci_low": 0.0, "heldout_ci_high": 1.0,
+                "heldout_turns_mean": 1.0, "heldout_valid_call_rate": 1.0, "eval_s": 1.0, "wall_s": 1.0,
+                "heldout_outcomes": outcomes, **({"group_by": "kind", "heldout_by_group": by} if by else {})}
+
+    before, after = rec("warm_start", warm, by_warm), rec("final", final, by_final)
+    # the groups whose successes changed, in the order of their names; unchanged ones are left out
+    assert group_changes(before, after) == ["alpha2 1/2 → 2/2", "numeric 1/1 → 0/1"]
+    assert group_changes(rec("warm_start", warm, None), rec("final", final, None)) == []
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (before, after)))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 0.1}) + "\n")
+    page = (write_report(tmp_path) / "index.html").read_text()
+    assert "by kind: alpha2 1/2 → 2/2, numeric 1/1 → 0/1" in page
+    assert "held-out successes per kind" in page
+    assert "<tr><td>alpha2</td><td>1/2</td><td>2/2</td></tr>" in page
+    assert "<tr><td>currency</td><td>0/1</td><td>0/1</td></tr>" in page

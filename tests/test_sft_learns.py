@@ -48,7 +48,7 @@ class EchoEnv(ToolEnv):
 
     def tasks(self, split="train"):
         words = WORDS[:12] if split == "train" else WORDS[12:]
-        return [{"id": f"{split}/{w}", "word": w} for w in words]
+        return [{"id": f"{split}/{w}", "word": w, "half": "ab"[i % 2]} for i, w in enumerate(words)]
 
     def user_prompt(self, task):
         return f"Answer with the word {task['word']}."
@@ -65,7 +65,7 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
         "sampling.max_tokens=32", "eval.enabled=true", "eval.n=4", "rollout.concurrency=4",
         "trainer.warm_start.enabled=true", "trainer.warm_start.tasks=8", "trainer.warm_start.per_task=1",
         "trainer.warm_start.epochs=3", "trainer.warm_start.batch_size=4", "trainer.warm_start.lr=2e-4",
-        "trainer.micro_batch_size=4", "trainer.kl_coef=0.01", "trainer.warm_start.replay_coef=0.1", "run.quiet=true"])
+        "trainer.micro_batch_size=4", "trainer.kl_coef=0.01", "trainer.warm_start.replay_coef=0.1", "eval.group_by=half", "run.quiet=true"])
     learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
     saved = []
     threads: list[int] = []  # the evaluation engine's torch threads, per forward
@@ -91,6 +91,10 @@ def test_warm_start_raises_the_valid_call_rate_on_held_out_tasks(tmp_path: Path)
     # per-task outcomes, and RL's gain (none here: no RL step) paired over the same tasks
     assert set(warm["heldout_outcomes"]) == stages.evaluator.task_ids == set(final["heldout_outcomes"])
     assert sum(warm["heldout_outcomes"].values()) == round(warm["heldout_success"] * warm["heldout_n"])
+    for rec in (base, warm, final):  # eval.group_by: the same outcomes counted per value of the field
+        by_half = rec["heldout_by_group"]
+        assert rec["group_by"] == "half" and {g: c["n"] for g, c in by_half.items()} == {"a": 2, "b": 2}
+        assert sum(c["successes"] for c in by_half.values()) == sum(rec["heldout_outcomes"].values())
     gain = summary["heldout_gain"]
     assert (gain["from"], gain["to"], gain["n"]) == ("warm_start", "final", 4)
     assert gain["ci_low"] <= gain["gain"] <= gain["ci_high"]

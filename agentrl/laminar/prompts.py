@@ -17,6 +17,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from agentrl.errors import UserError
 from agentrl.types import Task
 
 
@@ -36,6 +37,14 @@ class GroupSpec:
 def task_without(tasks: list[Task], key: str) -> Task | None:
     """The first task that lacks the field `key` (a `balance_key` every task must have), or None."""
     return next((t for t in tasks if key not in t), None)
+
+
+def require_field(tasks: list[Task], key: str, setting: str, env_name: str) -> None:
+    """A setting that names a task field (`rollout.balance_key`, `eval.group_by`) stops the run with
+    one line, naming the fields the tasks do have, unless every task has it."""
+    if (missing := task_without(tasks, key)) is not None:
+        raise UserError(f"{setting} {key!r} is not a field of env '{env_name}''s task {missing.get('id')!r}",
+                        fix=f"use one of its fields ({', '.join(sorted(missing))}) or {setting}=null")
 
 
 class PromptPool:
