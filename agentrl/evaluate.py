@@ -105,6 +105,15 @@ def success_by_group(outcomes: Iterable[tuple[str, int]], group_of: dict[str, st
     return dict(sorted(out.items()))
 
 
+def groups_of(tasks: list[Task], key: str, env_name: str) -> dict[str, str]:
+    """Task id -> its value of the field `eval.group_by` names; one line (UserError) when a task
+    lacks the field."""
+    from agentrl.laminar.prompts import require_field
+
+    require_field(tasks, key, "eval.group_by", env_name)
+    return {str(t.get("id", "")): str(t[key]) for t in tasks}
+
+
 def group_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """'country_alpha3 0/5 → 3/5' for every group whose successes differ between two evaluations
     (empty when they were not counted per group)."""
@@ -184,12 +193,7 @@ class HeldOutEvaluator:
             raise ConfigError(f"eval.split={cfg.eval.split!r}: env '{cfg.env.name}' has no tasks there")
         self.cfg, self.env_factory, self.engine = cfg, env_factory, engine
         self.tasks = [tasks[i % len(tasks)] for i in range(min(cfg.eval.n, len(tasks)))]
-        self.group_of: dict[str, str] | None = None  # task id -> its eval.group_by value
-        if (key := cfg.eval.group_by) is not None:
-            from agentrl.laminar.prompts import require_field
-
-            require_field(self.tasks, key, "eval.group_by", cfg.env.name)
-            self.group_of = {str(t.get("id", "")): str(t[key]) for t in self.tasks}
+        self.group_of = groups_of(self.tasks, key, cfg.env.name) if (key := cfg.eval.group_by) else None
         self.sampling = SamplingParams(temperature=cfg.eval.temperature, top_p=cfg.sampling.top_p,
                                        max_tokens=cfg.sampling.max_tokens, seed=cfg.run.seed)
         self.rollout = RolloutEngine(engine, tokenizer, self.sampling,
@@ -274,9 +278,9 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
 
 
 async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
-                   ) -> tuple[list[Task], list[Trajectory]]:
+                   ) -> tuple[list[Trajectory], dict[str, str] | None]:
     """`agentrl eval`: the first `n` tasks of `split` (cycled; the train split when it has none),
-    one episode each; returns them and their trajectories."""
+    one episode each; returns their trajectories and, with `eval.group_by`, each task's group."""
     from agentrl.inference import make_engine
     from agentrl.inference.base import SamplingParams, all_cores
     from agentrl.models import load_tokenizer, resolve_configured
@@ -306,10 +310,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
         if not tasks:
             raise ConfigError(f"env '{cfg.env.name}' has no tasks")
         chosen = [tasks[i % len(tasks)] for i in range(n)]
-        if cfg.eval.group_by is not None:
-            from agentrl.laminar.prompts import require_field
-
-            require_field(chosen, cfg.eval.group_by, "eval.group_by", cfg.env.name)
+        group_of = groups_of(chosen, key, cfg.env.name) if (key := cfg.eval.group_by) else None
         rollout = RolloutEngine(
             engine, tokenizer,
             SamplingParams(temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p,
@@ -319,7 +320,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             max_context_tokens=cfg.rollout.max_context_tokens)
         with all_cores(engine):  # the only work in this process: every core decodes
             groups = await rollout.run_groups(lambda: make_env(cfg, pool), chosen, 1)
-        return chosen, [t for g in groups for t in g.trajectories]
+        return [t for g in groups for t in g.trajectories], group_of
     finally:
         await pool.close()
         await engine.close()
@@ -333,7 +334,7 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
         raise ConfigError(f"--n must be >= 1, got {n}")
     cfg, ckpt = _resolve(model, env, config_file, list(overrides or []))
     check_env_name(cfg.env.name)
-    tasks, trajs = asyncio.run(evaluate(cfg, n, split, ckpt))
+    trajs, group_of = asyncio.run(evaluate(cfg, n, split, ckpt))
     res = summarize_trajectories(trajs)
     figures = res.to_dict()
     print(f"env {cfg.env.name}  model {model or cfg.model.name}  episodes {res.n}")
@@ -344,11 +345,10 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
     print(f"mean tokens   {res.tokens_mean:.1f}")
     print(f"mean tool calls {res.tool_calls_mean:.2f}  errors {res.errors}")
     print(f"valid-call rate {res.valid_call_rate:.3f}")
-    if (key := cfg.eval.group_by) is not None:
+    if group_of is not None:
         from agentrl.run import is_success
 
-        group_of = {str(t.get("id", "")): str(t[key]) for t in tasks}
         figures["by_group"] = success_by_group(((t.task_id, int(is_success(t))) for t in trajs), group_of)
-        print(f"by {key}: " + ", ".join(f"{g} {c['successes']}/{c['n']}" for g, c in figures["by_group"].items()))
+        print(f"by {cfg.eval.group_by}: " + ", ".join(f"{g} {c['successes']}/{c['n']}" for g, c in figures["by_group"].items()))
     print(json.dumps(figures))
     return 0
