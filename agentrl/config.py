@@ -269,6 +269,8 @@ class EvalConfig:
     n: int = 32
     split: str = "test"
     temperature: float = 0.0  # 0: greedy, so repeated evaluations of the same weights agree
+    samples: int = 1  # episodes per task (> 1 needs temperature > 0): success is then the mean over tasks
+                      # of each task's rate, the policy as RL samples it, with CIs over tasks (avg@k)
     concurrency: int | None = None  # episodes in flight; None: rollout.concurrency. Nothing trains
                                     # meanwhile, so wider decode batches are cheaper per task
     group_by: str | None = None  # a task field (search: kind): each evaluation also counts successes per
@@ -509,6 +511,10 @@ def validate(cfg: Config) -> None:
         (cfg.eval.concurrency is None or cfg.eval.concurrency >= 1,
          "eval.concurrency must be >= 1 (or null: rollout.concurrency)"),
         (cfg.eval.temperature >= 0, "eval.temperature must be >= 0 (0 = greedy)"),
+        (cfg.eval.samples >= 1, "eval.samples must be >= 1"),
+        (cfg.eval.samples == 1 or cfg.eval.temperature > 0,
+         f"eval.samples={cfg.eval.samples} would repeat the same greedy episode: set eval.temperature > 0 "
+         "(e.g. the sampling temperature) or eval.samples=1"),
         (cfg.trainer.num_learners >= 1, "trainer.num_learners must be >= 1"),
         # on Ray the cluster's resources decide (the learners' placement group says when they do not fit)
         (cfg.laminar.ray_address is not None or cfg.trainer.num_learners <= (os.cpu_count() or 1)

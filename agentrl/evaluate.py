@@ -59,17 +59,37 @@ def paired_difference_interval(before: list[bool], after: list[bool], z: float =
     return max(-1.0, delta - lower), min(1.0, delta + upper)
 
 
+def task_mean_interval(rates: list[float], z: float = 1.96) -> tuple[float, float]:
+    """95% CI of a mean over tasks of per-task values: mean ± z·s/√n, s the sample standard
+    deviation over tasks. With k > 1 sampled episodes per task (`eval.samples`) the task is the
+    unit: episodes of one task are correlated, so the n·k episodes' binomial interval would be too
+    narrow (Miller 2024, "Adding Error Bars to Evals", §2.2 and §3: the central-limit interval on
+    per-question means; for per-task differences it is the paired interval)."""
+    n = len(rates)
+    if n < 2:
+        return -1.0, 1.0
+    mean = sum(rates) / n
+    half = z * math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1) / n)
+    return mean - half, mean + half
+
+
 def heldout_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
     """The change in held-out success between two evaluation records of the same tasks, with the
-    paired interval; None when the records hold no per-task outcomes for the same tasks."""
+    paired interval (Newcombe's for one episode per task, the mean difference's over tasks for
+    several); None when the records hold no per-task outcomes for the same tasks."""
     b, a = before.get("heldout_outcomes"), after.get("heldout_outcomes")
     if not b or not a or set(b) != set(a):
         return None
     ids = sorted(b)
-    lo, hi = paired_difference_interval([bool(b[i]) for i in ids], [bool(a[i]) for i in ids])
+    kb, ka = before.get("heldout_samples", 1), after.get("heldout_samples", 1)
+    rb, ra = [b[i] / kb for i in ids], [a[i] / ka for i in ids]
+    if kb == ka == 1:
+        lo, hi = paired_difference_interval([bool(x) for x in rb], [bool(x) for x in ra])
+    else:
+        lo, hi = task_mean_interval([y - x for x, y in zip(rb, ra)])
     return {"from": before["phase"], "to": after["phase"], "gain": after["heldout_success"] - before["heldout_success"],
-            "ci_low": lo, "ci_high": hi, "n": len(ids),
-            "gained": sum(1 for i in ids if a[i] and not b[i]), "lost": sum(1 for i in ids if b[i] and not a[i])}
+            "ci_low": max(-1.0, lo), "ci_high": min(1.0, hi), "n": len(ids), "samples": ka,
+            "gained": sum(1 for x, y in zip(rb, ra) if y > x), "lost": sum(1 for x, y in zip(rb, ra) if y < x)}
 
 
 def gain_line(gain: dict[str, Any]) -> str:
@@ -77,7 +97,12 @@ def gain_line(gain: dict[str, Any]) -> str:
     5 tasks gained, 2 lost, n=32)'."""
     return (f"held-out gain {gain['from']} → {gain['to']}: {gain['gain']:+.3f} (paired 95% CI "
             f"{gain['ci_low']:+.3f} to {gain['ci_high']:+.3f}; {gain['gained']} tasks gained, "
-            f"{gain['lost']} lost, n={gain['n']})")
+            f"{gain['lost']} lost, n={tasks_label(gain['n'], gain.get('samples', 1))})")
+
+
+def tasks_label(n: int, samples: int) -> str:
+    """'32', or '32×4' for 32 tasks of 4 sampled episodes each."""
+    return f"{n}×{samples}" if samples > 1 else str(n)
 
 
 def rl_span(records: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -103,6 +128,15 @@ def success_by_group(outcomes: Iterable[tuple[str, int]], group_of: dict[str, st
         counts["successes"] += int(ok)
         counts["n"] += 1
     return dict(sorted(out.items()))
+
+
+def success_counts(outcomes: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Successes per task id, sorted by id, from (task id, success) pairs: a task evaluated k times
+    (cycled, or `eval.samples`) counts 0..k."""
+    counts: dict[str, int] = {}
+    for task_id, ok in outcomes:
+        counts[task_id] = counts.get(task_id, 0) + int(ok)
+    return dict(sorted(counts.items()))
 
 
 def groups_of(tasks: list[Task], key: str, env_name: str) -> dict[str, str]:
@@ -178,9 +212,10 @@ def valid_call_rate(trajs: list[Trajectory]) -> float:
 
 class HeldOutEvaluator:
     """Held-out evaluation inside training (issue 13): the policy's current weights on a fixed set
-    of `eval.n` tasks of `eval.split`, one episode each at `eval.temperature`, on an engine of its
-    own. Each call returns one record (success with its Wilson 95% CI, mean turns, valid-call
-    rate) and appends it to `<run_dir>/eval.jsonl`."""
+    of `eval.n` tasks of `eval.split`, `eval.samples` episodes each at `eval.temperature`, on an
+    engine of its own. Each call returns one record (success with its 95% CI: Wilson's for one
+    episode per task, `task_mean_interval` for several; mean turns, valid-call rate; successes per
+    task) and appends it to `<run_dir>/eval.jsonl`."""
 
     def __init__(self, cfg: Config, env_factory: Any, tasks: list[Any], tokenizer: Any, engine: Any,
                  run_dir: Path | None = None, started: float | None = None) -> None:
@@ -224,24 +259,27 @@ class HeldOutEvaluator:
         load = getattr(self.engine, "share_weights", self.engine.load_weights)
         await load(weight_views(learner), learner.version)
         trim_heap()  # the first time, the engine's own weights were just freed
+        k = self.cfg.eval.samples
         trajs: list[Trajectory] = []
-        status.stage = f"evaluating ({phase}): 0/{len(self.tasks)} episodes"
+        status.stage = f"evaluating ({phase}): 0/{len(self.tasks) * k} episodes"
         with all_cores(self.engine) if alone else contextlib.nullcontext():
-            async for traj in self.rollout.stream(self.env_factory, self.tasks, 1):
+            async for traj in self.rollout.stream(self.env_factory, self.tasks, k):
                 trajs.append(traj)
-                status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks)} episodes"
+                status.stage = f"evaluating ({phase}): {len(trajs)}/{len(self.tasks) * k} episodes"
         res = summarize_trajectories(trajs)
+        outcomes = [(t.task_id, int(is_success(t))) for t in trajs]
+        # per task, so two evaluations of the same tasks can be compared pairwise
+        per_task = success_counts(outcomes)
+        lo, hi = (res.ci_low, res.ci_high) if k == 1 else task_mean_interval([c / k for c in per_task.values()])
         rec = {"phase": phase, "step": step, "version": learner.version, "split": self.cfg.eval.split,
-               "heldout_n": res.n, "heldout_success": res.success_rate, "heldout_ci_low": res.ci_low,
-               "heldout_ci_high": res.ci_high, "heldout_reward_mean": res.reward_mean,
+               "heldout_n": len(per_task), "heldout_samples": k, "heldout_success": res.success_rate,
+               "heldout_ci_low": max(0.0, lo), "heldout_ci_high": min(1.0, hi), "heldout_reward_mean": res.reward_mean,
                "heldout_turns_mean": res.turns_mean, "heldout_valid_call_rate": res.valid_call_rate,
                "heldout_errors": res.errors, "eval_s": time.perf_counter() - t0,
-               # per task, so two evaluations of the same tasks can be compared pairwise
-               "heldout_outcomes": {t.task_id: int(is_success(t)) for t in sorted(trajs, key=lambda t: t.task_id)},
-               "wall_s": time.perf_counter() - self.started}
+               "heldout_outcomes": per_task, "wall_s": time.perf_counter() - self.started}
         if self.group_of is not None:
             rec["group_by"] = self.cfg.eval.group_by
-            rec["heldout_by_group"] = success_by_group(rec["heldout_outcomes"].items(), self.group_of)
+            rec["heldout_by_group"] = success_by_group(outcomes, self.group_of)
         self.records.append(rec)
         if self.path is not None:
             with open(self.path, "a") as f:
@@ -252,7 +290,7 @@ class HeldOutEvaluator:
 def heldout_line(rec: dict[str, Any]) -> str:
     """One printed line: 'held-out success 0.406 (95% CI 0.255–0.577, n=32), turns 2.1, valid calls 0.93'."""
     return (f"held-out success {rec['heldout_success']:.3f} (95% CI {rec['heldout_ci_low']:.3f}–"
-            f"{rec['heldout_ci_high']:.3f}, n={rec['heldout_n']}), turns {rec['heldout_turns_mean']:.2f}, "
+            f"{rec['heldout_ci_high']:.3f}, n={tasks_label(rec['heldout_n'], rec.get('heldout_samples', 1))}), turns {rec['heldout_turns_mean']:.2f}, "
             f"valid calls {rec['heldout_valid_call_rate']:.2f}")
 
 
@@ -345,10 +383,12 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
     print(f"mean tokens   {res.tokens_mean:.1f}")
     print(f"mean tool calls {res.tool_calls_mean:.2f}  errors {res.errors}")
     print(f"valid-call rate {res.valid_call_rate:.3f}")
-    if group_of is not None:
-        from agentrl.run import is_success
+    from agentrl.run import is_success
 
-        figures["by_group"] = success_by_group(((t.task_id, int(is_success(t))) for t in trajs), group_of)
+    outcomes = [(t.task_id, int(is_success(t))) for t in trajs]
+    figures["outcomes"] = success_counts(outcomes)  # per task: paired comparisons across runs
+    if group_of is not None:
+        figures["by_group"] = success_by_group(outcomes, group_of)
         print(f"by {cfg.eval.group_by}: " + ", ".join(f"{g} {c['successes']}/{c['n']}" for g, c in figures["by_group"].items()))
     print(json.dumps(figures))
     return 0

@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agentrl.evaluate import tasks_label
+
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
@@ -108,7 +110,8 @@ def _heldout_plot(path: Path, evals: list[dict[str, Any]]) -> None:
     else:
         ax.text(0.5, 0.5, "no held-out evaluation (eval.enabled=false)", ha="center", va="center",
                 transform=ax.transAxes)
-    ax.set_title(f"held-out success ({evals[0]['split'] if evals else 'test'} split, n={evals[0]['heldout_n'] if evals else 0})")
+    n = tasks_label(evals[0]["heldout_n"], evals[0].get("heldout_samples", 1)) if evals else "0"
+    ax.set_title(f"held-out success ({evals[0]['split'] if evals else 'test'} split, n={n})")
     ax.set_xlabel("wall-clock (min)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -140,7 +143,7 @@ def write_report(run_dir: str | Path) -> Path:
         _line_plot(out / "warm_start.png", warm, ["sft_loss"], "warm start (SFT) loss", "cross-entropy")
     heldout = "".join(
         f"<tr><td>{html.escape(r['phase'])}</td><td>{r['step']}</td><td>{r['heldout_success']:.3f}</td>"
-        f"<td>{r['heldout_ci_low']:.3f}–{r['heldout_ci_high']:.3f}</td><td>{r['heldout_n']}</td>"
+        f"<td>{r['heldout_ci_low']:.3f}–{r['heldout_ci_high']:.3f}</td><td>{tasks_label(r['heldout_n'], r.get('heldout_samples', 1))}</td>"
         f"<td>{r['heldout_turns_mean']:.2f}</td><td>{r['heldout_valid_call_rate']:.2f}</td></tr>" for r in evals)
     if heldout:
         heldout = ("<h2>held-out evaluation</h2><table><tr><td>phase</td><td>step</td><td>success</td>"

@@ -76,7 +76,7 @@ def mean_t_ci95(xs: list[float]) -> tuple[float, float, float]:
 def pool_seeds(records: list[dict[str, Any]]) -> dict[str, Any]:
     """One env's runs under several seeds, pooled: RL's gain per seed with a t CI over seeds, and
     the per-task gain (final − warm outcome, averaged over seeds) with a t CI over tasks. Records
-    carry `_outcomes` ({phase: {task_id: 0/1}}) from `run_env`."""
+    carry `_outcomes` ({phase: {task_id: success rate}}) from `run_env`."""
     gains = [r["rl_gain"] for r in records if r.get("rl_gain") is not None]
     out: dict[str, Any] = {"bench": "learning-multi-turn-seeds", "env": records[0]["env"], "seeds": len(records),
                            "rl_gains": gains, "heldout_rl": [r.get("heldout_rl") for r in records],
@@ -167,6 +167,7 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
     return {
         "bench": "learning-multi-turn", "time": utc_now(), "env": env, "exit_code": code,
         "heldout_split": plan.config.eval.split, "heldout_n": heldout_n,
+        "heldout_samples": plan.config.eval.samples, "heldout_temperature": plan.config.eval.temperature,
         "heldout_base": rate("base"), "heldout_base_ci95": ci("base"),
         "heldout_warm": rate("warm_start"), "heldout_warm_ci95": ci("warm_start"),
         "heldout_rl": rate("final"), "heldout_rl_ci95": ci("final"),
@@ -183,7 +184,9 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         "leak_check": "ok" if not leaked else f"held-out ids in the warm-start data: {leaked[:5]}",
         "rl_steps": plan.config.trainer.steps, "seed": plan.config.run.seed,
         "load_before": load_before, "load_after": load_average(),
-        "_outcomes": {p: {t: int(bool(v)) for t, v in r.get("heldout_outcomes", {}).items()} for p, r in evals.items()},
+        # each task's success rate (0/1 for one episode a task; successes / eval.samples for several)
+        "_outcomes": {p: {t: v / r.get("heldout_samples", 1) for t, v in r.get("heldout_outcomes", {}).items()}
+                      for p, r in evals.items()},
     }
 
 

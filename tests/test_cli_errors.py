@@ -116,6 +116,12 @@ def test_an_eval_group_by_the_held_out_tasks_lack_exit_1(capsys: pytest.CaptureF
     assert "fix: use one of its fields (answers, hops, id, kind, question, split) or eval.group_by=null" in line
 
 
+def test_eval_samples_under_greedy_decoding_exit_2(capsys: pytest.CaptureFixture[str], stub_learner: list[str]) -> None:
+    code, line = fail(capsys, "train", "--env", "search", "eval.samples=4", *stub_learner)
+    assert code == 2  # a config error: before any work
+    assert "eval.samples=4 would repeat the same greedy episode: set eval.temperature > 0" in line
+
+
 def test_no_docker_engine_exit_1(capsys: pytest.CaptureFixture[str], stub_learner: list[str],
                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")

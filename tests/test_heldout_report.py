@@ -14,7 +14,9 @@ from agentrl.evaluate import (
     paired_difference_interval,
     rl_gain,
     success_by_group,
+    success_counts,
     summarize_trajectories,
+    task_mean_interval,
     valid_call_rate,
     wilson_interval,
 )
@@ -140,6 +142,33 @@ def test_rl_gain_pairs_final_with_the_warm_start_and_the_report_prints_it(tmp_pa
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 0.1}) + "\n")
     page = (write_report(tmp_path) / "index.html").read_text()
     assert "held-out gain warm_start → final: +0.250 (paired 95% CI" in page and "2 tasks gained, 0 lost" in page
+
+
+def test_several_samples_a_task_take_the_interval_over_tasks_and_pair_the_rates(tmp_path: Path) -> None:
+    # rates 0, 0.5, 1, 0.5: mean 0.5, s = sqrt(0.5 / 3), half-width 1.96 * s / 2 = 0.40008
+    lo, hi = task_mean_interval([0.0, 0.5, 1.0, 0.5])
+    assert abs(lo - 0.09992) < 1e-5 and abs(hi - 0.90008) < 1e-5
+    assert task_mean_interval([0.5]) == (-1.0, 1.0)  # no spread to estimate from one task
+    # 4 episodes of each of 4 tasks; successes per task before 1, 2, 0, 4 and after 3, 2, 1, 4:
+    # differences 0.5, 0, 0.25, 0: mean 0.1875, s = 0.23936, half-width 1.96 * s / 2 = 0.23457
+    assert success_counts([("b", 1), ("a", 0), ("b", 1), ("a", 1)]) == {"a": 1, "b": 2}
+
+    def rec(phase: str, counts: dict[str, int]) -> dict:
+        y = sum(counts.values()) / (4 * len(counts))
+        return {"phase": phase, "step": 3, "split": "test", "heldout_n": len(counts), "heldout_samples": 4,
+                "heldout_success": y, "heldout_ci_low": 0.0, "heldout_ci_high": 1.0, "heldout_turns_mean": 1.0,
+                "heldout_valid_call_rate": 1.0, "eval_s": 1.0, "wall_s": 1.0, "heldout_outcomes": counts}
+
+    warm, final = rec("warm_start", {"a": 1, "b": 2, "c": 0, "d": 4}), rec("final", {"a": 3, "b": 2, "c": 1, "d": 4})
+    gain = rl_gain([warm, final])
+    assert gain is not None and abs(gain["gain"] - 0.1875) < 1e-12 and (gain["n"], gain["samples"]) == (4, 4)
+    assert abs(gain["ci_low"] + 0.04707) < 1e-5 and abs(gain["ci_high"] - 0.42207) < 1e-5
+    assert (gain["gained"], gain["lost"]) == (2, 0)
+    assert "n=4×4" in heldout_line(final)
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (warm, final)))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 0.1}) + "\n")
+    page = (write_report(tmp_path) / "index.html").read_text()
+    assert "+0.188 (paired 95% CI -0.047 to +0.422; 2 tasks gained, 0 lost, n=4×4)" in page
 
 
 def test_successes_per_group_and_the_groups_rl_moved_reach_the_report(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -143,3 +144,47 @@ def test_a_resumed_run_past_its_warm_start_replays_it_without_training_again(tmp
     assert learner.replay is not None and len(learner.replay) == 3
     assert saved == [] and learner.version == 0  # no second warm start
     assert all(torch.equal(before[k], p) for k, p in learner.model.named_parameters())
+
+
+class RecordedEchoEnv(EchoEnv):
+    """EchoEnv that records each episode's task and first action (the policy's own text)."""
+
+    episodes: ClassVar[list[tuple[str, str]]] = []
+
+    async def areset(self, task):
+        self._task_id = task["id"]
+        return await super().areset(task)
+
+    async def astep(self, action):
+        RecordedEchoEnv.episodes.append((self._task_id, action))
+        return await super().astep(action)
+
+
+def test_several_sampled_episodes_a_task_are_counted_per_task(tmp_path: Path) -> None:
+    """`eval.samples=3` at T = 0.7 (avg@k): 3 episodes of each held-out task, each its own draw;
+    successes per task 0..3, the rate over all 12 episodes, the interval over the 4 tasks."""
+    cfg = load_config(env=f"{__file__}:RecordedEchoEnv", overrides=[
+        "sampling.max_tokens=24", "eval.enabled=true", "eval.n=4", "eval.samples=3", "eval.temperature=0.7",
+        "rollout.concurrency=4", "trainer.warm_start.enabled=false", "eval.group_by=half", "run.quiet=true"])
+    learner = Learner(resolve_configured(cfg.model), cfg.trainer, temperature=cfg.sampling.temperature)
+    RecordedEchoEnv.episodes.clear()
+
+    async def run() -> dict:
+        stages = await Stages.start(cfg, tmp_path, learner, RecordedEchoEnv, [])
+        try:
+            return await stages.evaluate("base", 0)
+        finally:
+            await stages.close()
+
+    rec = asyncio.run(run())
+    tasks = sorted({t for t, _ in RecordedEchoEnv.episodes})
+    assert len(tasks) == 4 and sorted(t for t, _ in RecordedEchoEnv.episodes) == sorted(tasks * 3)
+    actions = {t: [a for u, a in RecordedEchoEnv.episodes if u == t] for t in tasks}
+    assert any(len(set(a)) > 1 for a in actions.values()), actions  # sampled, not one greedy episode thrice
+    assert (rec["heldout_n"], rec["heldout_samples"]) == (4, 3) and set(rec["heldout_outcomes"]) == set(tasks)
+    assert all(0 <= c <= 3 for c in rec["heldout_outcomes"].values())
+    assert sum(rec["heldout_outcomes"].values()) == round(rec["heldout_success"] * 12)
+    assert {g: c["n"] for g, c in rec["heldout_by_group"].items()} == {"a": 6, "b": 6}
+    assert 0.0 <= rec["heldout_ci_low"] <= rec["heldout_success"] <= rec["heldout_ci_high"] <= 1.0
+    saved = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert saved == [rec]
