@@ -7,8 +7,8 @@ after the warm start and at the end. Prints one JSON line per env:
 
     env, heldout_base, heldout_warm, heldout_rl (success rates) and their Wilson 95% CIs,
     rl_gain (heldout_rl − heldout_warm) and rl_gain_ci95 (Newcombe's interval for paired outcomes
-    on the same tasks; the two-sample one when eval.jsonl has no per-task outcomes, see
-    rl_gain_ci_kind),
+    on the same tasks; with --heldout-samples K > 1 the interval of the mean per-task difference;
+    the two-sample one when eval.jsonl has no per-task outcomes, see rl_gain_ci_kind),
     stage wall-clocks (base eval, demonstrations, SFT, RL incl. its evals), SFT tokens/s,
     sft_tokens_per_s_over_trl (TRL SFTTrainer on the same token sequences under .venv-trl, else
     null with the reason), train_reward_mean per RL step (null: skipped), the leak check (no
@@ -21,7 +21,12 @@ Student-t 95% CI over seeds (training-run spread on these tasks), and the per-ta
 over seeds with a t CI over tasks (task spread, seeds pooled). One run's paired CI on ~50 tasks
 is wide (±0.11); the pooled ones say whether RL's gain is a property of the recipe or of one run.
 
-Options: --heldout-n N (held-out tasks), --steps N (RL steps), --seeds K, extra key=value overrides.
+With `--heldout-samples K` (K > 1) every held-out evaluation runs K episodes of each task at the
+env's sampling temperature (`eval.samples`, avg@K): the policy as RL samples it, and RL's gain paired
+per task over K draws each, a more sensitive test than one greedy episode a task.
+
+Options: --heldout-n N (held-out tasks), --heldout-samples K, --steps N (RL steps), --seeds K,
+extra key=value overrides.
 """
 
 from __future__ import annotations
@@ -122,11 +127,15 @@ def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None, dtype: str)
 
 
 def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], keep: Path | None,
-            compare_trl: bool = True) -> dict[str, Any]:
+            compare_trl: bool = True, heldout_samples: int = 1) -> dict[str, Any]:
+    from agentrl.config import load_config
     from agentrl.evaluate import rl_gain
     from agentrl.run import prepare_run, train
     from agentrl.trainer.learner import autocast_dtype
 
+    if heldout_samples > 1:  # avg@K at the temperature RL samples at (an override of eval.temperature wins)
+        sampling_t = load_config(env=env, overrides=overrides).sampling.temperature
+        overrides = [f"eval.samples={heldout_samples}", f"eval.temperature={sampling_t}", *overrides]
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-mt-{env}-") as tmp:
         root = keep or Path(tmp)
@@ -197,19 +206,22 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--multi-turn", action="store_true")
     ap.add_argument("--env", default="search,code,swe", help="comma-separated envs")
     ap.add_argument("--heldout-n", type=int, default=100)
+    ap.add_argument("--heldout-samples", type=int, default=1,
+                    help="episodes per held-out task at the sampling temperature (avg@K; 1: one greedy episode)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the env config's)")
     ap.add_argument("--seeds", type=int, default=1, help="runs per env (run.seed=0..K-1), pooled in a last line")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
     ap.add_argument("overrides", nargs="*", metavar="key.path=value")
     args = ap.parse_args(argv)
-    if args.seeds < 1:
-        ap.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds < 1 or args.heldout_samples < 1:
+        ap.error(f"--seeds and --heldout-samples must be >= 1, got {args.seeds} and {args.heldout_samples}")
     for env in [e.strip() for e in args.env.split(",") if e.strip()]:
         records = []
         for seed in range(args.seeds):
             seeded = [*args.overrides, f"run.seed={seed}"] if args.seeds > 1 else args.overrides
             keep = args.keep / f"seed{seed}" if args.keep and args.seeds > 1 else args.keep
-            records.append(run_env(env, args.heldout_n, args.steps, seeded, keep, compare_trl=seed == 0))
+            records.append(run_env(env, args.heldout_n, args.steps, seeded, keep, compare_trl=seed == 0,
+                                   heldout_samples=args.heldout_samples))
             emit({k: v for k, v in records[-1].items() if not k.startswith("_")})
         if args.seeds > 1:
             emit(pool_seeds(records))

@@ -1,7 +1,7 @@
 """Learning on the same budget: agentrl (`laminar` and `sync` backends) against TRL's GRPOTrainer.
 
     .venv/bin/python bench/learning.py [--quick] [--budget-s S] [--systems laminar,sync,trl] [--out DIR]
-    .venv/bin/python bench/learning.py --multi-turn --env search,code,swe [--heldout-n N] [--steps N]
+    .venv/bin/python bench/learning.py --multi-turn --env search,code,swe [--heldout-n N] [--heldout-samples K] [--steps N]
 
 Same task, same model (the embedded SmolLM2-135M-Instruct, fp32), same wall-clock budget on this
 CPU, run one system after the other:

@@ -76,6 +76,26 @@ def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
     assert lo < 0 < hi and abs(lo + hi) < 1e-12
 
 
+def test_bench_multi_turn_heldout_samples_evaluate_at_the_sampling_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.run
+
+    mt = _bench_multiturn()
+    seen: list[list[str]] = []
+
+    def prepare_run(env: str, overrides: list[str]):
+        seen.append(overrides)
+        raise SystemExit  # stop before any work: the overrides are what this test reads
+
+    monkeypatch.setattr(agentrl.run, "prepare_run", prepare_run)
+    for samples, extra in ((4, []), (1, []), (3, ["sampling.temperature=0.5"]), (2, ["eval.temperature=1.0"])):
+        with pytest.raises(SystemExit):
+            mt.run_env("search", 8, None, extra, None, heldout_samples=samples)
+    with_k = [[o for o in ov if o.startswith("eval.samples=") or o.startswith("eval.temperature=")] for ov in seen]
+    # search.yaml samples at T = 0.7; a later override of eval.temperature wins
+    assert with_k == [["eval.samples=4", "eval.temperature=0.7"], [], ["eval.samples=3", "eval.temperature=0.5"],
+                      ["eval.samples=2", "eval.temperature=0.7", "eval.temperature=1.0"]]
+
+
 def test_bench_multi_turn_pools_seeds_over_seeds_and_over_tasks() -> None:
     mt = _bench_multiturn()
     mean, lo, hi = mt.mean_t_ci95([1.0, 2.0, 3.0])  # sd 1, t(2) = 4.303: 2 ± 4.303 / √3
