@@ -18,7 +18,7 @@ from agentrl.heap import trim_heap
 from agentrl.types import Task, Trajectory
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (95% for z=1.96); sane at 0 and n."""
     if n == 0:
         return 0.0, 1.0
@@ -71,6 +71,17 @@ def task_mean_interval(rates: list[float], z: float = 1.96) -> tuple[float, floa
     mean = sum(rates) / n
     half = z * math.sqrt(sum((r - mean) ** 2 for r in rates) / (n - 1) / n)
     return mean - half, mean + half
+
+
+def task_rate_interval(rates: list[float], z: float = 1.96) -> tuple[float, float]:
+    """95% CI of the mean success rate over tasks of several episodes each: `task_mean_interval`,
+    clipped to [0, 1]. When every task has the same rate (all 0 before a warm start, all 1) the
+    tasks show no spread and that interval no width; then Wilson's over the n tasks, whose
+    binomial variance m(1 − m) bounds the variance of any rates in [0, 1] with mean m."""
+    if len(set(rates)) > 1:
+        lo, hi = task_mean_interval(rates, z)
+        return max(0.0, lo), min(1.0, hi)
+    return wilson_interval(sum(rates), len(rates), z)  # the successes may be fractional: p = m
 
 
 def heldout_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
@@ -270,10 +281,10 @@ class HeldOutEvaluator:
         outcomes = [(t.task_id, int(is_success(t))) for t in trajs]
         # per task, so two evaluations of the same tasks can be compared pairwise
         per_task = success_counts(outcomes)
-        lo, hi = (res.ci_low, res.ci_high) if k == 1 else task_mean_interval([c / k for c in per_task.values()])
+        lo, hi = (res.ci_low, res.ci_high) if k == 1 else task_rate_interval([c / k for c in per_task.values()])
         rec = {"phase": phase, "step": step, "version": learner.version, "split": self.cfg.eval.split,
                "heldout_n": len(per_task), "heldout_samples": k, "heldout_success": res.success_rate,
-               "heldout_ci_low": max(0.0, lo), "heldout_ci_high": min(1.0, hi), "heldout_reward_mean": res.reward_mean,
+               "heldout_ci_low": lo, "heldout_ci_high": hi, "heldout_reward_mean": res.reward_mean,
                "heldout_turns_mean": res.turns_mean, "heldout_valid_call_rate": res.valid_call_rate,
                "heldout_errors": res.errors, "eval_s": time.perf_counter() - t0,
                "heldout_outcomes": per_task, "wall_s": time.perf_counter() - self.started}

@@ -17,6 +17,7 @@ from agentrl.evaluate import (
     success_counts,
     summarize_trajectories,
     task_mean_interval,
+    task_rate_interval,
     valid_call_rate,
     wilson_interval,
 )
@@ -169,6 +170,10 @@ def test_several_samples_a_task_take_the_interval_over_tasks_and_pair_the_rates(
     lo, hi = task_mean_interval([0.0, 0.5, 1.0, 0.5])
     assert abs(lo - 0.09992) < 1e-5 and abs(hi - 0.90008) < 1e-5
     assert task_mean_interval([0.5]) == (-1.0, 1.0)  # no spread to estimate from one task
+    assert task_rate_interval([0.0, 0.5, 1.0, 0.5]) == (lo, hi)
+    # every task at 0 (a base model): no spread, so Wilson's over the 48 tasks, not a zero width
+    assert task_rate_interval([0.0] * 48) == wilson_interval(0, 48) and wilson_interval(0, 48)[1] > 0.07
+    assert task_rate_interval([1.0] * 4) == wilson_interval(4, 4)
     # 4 episodes of each of 4 tasks; successes per task before 1, 2, 0, 4 and after 3, 2, 1, 4:
     # differences 0.5, 0, 0.25, 0: mean 0.1875, s = 0.23936, half-width 1.96 * s / 2 = 0.23457
     assert success_counts([("b", 1), ("a", 0), ("b", 1), ("a", 1)]) == {"a": 1, "b": 2}
