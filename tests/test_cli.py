@@ -72,6 +72,9 @@ def test_eval_scores_the_embedded_model_on_held_out_tasks() -> None:
     assert sum(c["n"] for c in by_kind.values()) == 2
     assert sum(c["successes"] for c in by_kind.values()) == round(2 * figures["success_rate"])
     assert "by kind: " + ", ".join(f"{k} {c['successes']}/{c['n']}" for k, c in by_kind.items()) in out.stdout
+    # per task, so two checkpoints' runs on the same tasks can be paired: the first 2 test questions
+    assert len(figures["outcomes"]) == 2 and all(t.startswith("search/") for t in figures["outcomes"])
+    assert sum(figures["outcomes"].values()) == figures["successes"]
 
 
 def test_envs_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
