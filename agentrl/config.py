@@ -210,6 +210,10 @@ class TrainerConfig:
     # NCCL), else the CPU (gloo). On Ray, learner_num_gpus decides.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
+    # glibc's mmap threshold during an RL learner step (heap.mapped_tensors): tensors this large get
+    # their own mapping, given back when freed. null: 0.125 MiB where no in-process engine decodes
+    # beside the step (sync), else unmapped (laminar/loop.py learner_mmap_threshold)
+    mmap_threshold_mb: float | None = None
     # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
     # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (models.autocast_dtype)
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
@@ -500,6 +504,8 @@ def validate(cfg: Config) -> None:
          "trainer.warm_start.epochs, batch_size, tasks and per_task must be >= 1"),
         (cfg.trainer.warm_start.lr > 0, "trainer.warm_start.lr must be > 0"),
         (cfg.trainer.warm_start.mmap_threshold_mb > 0, "trainer.warm_start.mmap_threshold_mb must be > 0 (MiB)"),
+        (cfg.trainer.mmap_threshold_mb is None or cfg.trainer.mmap_threshold_mb > 0,
+         "trainer.mmap_threshold_mb must be > 0 (MiB) or null (automatic)"),
         (cfg.trainer.warm_start.replay_coef >= 0 and cfg.trainer.warm_start.replay_rows >= 1,
          "trainer.warm_start.replay_coef must be >= 0 (0: no replay) and replay_rows >= 1"),
         (cfg.trainer.warm_start.replay_coef == 0 or cfg.trainer.warm_start.enabled,

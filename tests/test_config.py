@@ -50,6 +50,7 @@ def test_algorithm_defaults_match_algorithms_md() -> None:
     ("eval.concurrency=0", "eval.concurrency must be >= 1"),
     ("engine.speculative_tokens=-1", "engine.speculative_tokens must be >= 0"),
     ("trainer.warm_start.mmap_threshold_mb=0", "trainer.warm_start.mmap_threshold_mb must be > 0"),
+    ("trainer.mmap_threshold_mb=-1", "trainer.mmap_threshold_mb must be > 0 (MiB) or null"),
     ("trainer.warm_start.replay_coef=-0.1", "trainer.warm_start.replay_coef must be >= 0"),
     ("trainer", "not of the form key.path=value"),
 ])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.heap import mapped_tensors, mark_phase, phase, trim_heap
+from agentrl.heap import LEARNER_MMAP_THRESHOLD, mapped_tensors, mark_phase, phase, trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
@@ -177,11 +177,23 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
         await asyncio.sleep(poll_s)
 
 
-def _learn(learner: Any, groups: list[Group], mapped: bool) -> dict[str, float]:
-    """One learner step; `mapped`: under `heap.mapped_tensors`, which is process-wide, so only
-    when no in-process engine decodes meanwhile (its per-step tensors would be mapped and faulted
-    in fresh as well: a search step on global-async spent 25 s in the kernel, learn_s 49 → 65 s)."""
-    with phase("learner_step"), mapped_tensors() if mapped else contextlib.nullcontext():
+def learner_mmap_threshold(backend: str, engines_in_process: bool, configured_mb: float | None) -> int | None:
+    """glibc's mmap threshold for the RL learner step, in bytes (None: glibc's own, unmapped).
+    `trainer.mmap_threshold_mb` when set; else 128 KiB where no in-process engine decodes beside the
+    step (`sync`, or no local engines) and unmapped where one does: the threshold is process-wide,
+    and at 128 KiB the engine's per-step tensors would be mapped and faulted in fresh as well (a
+    search step on global-async spent 25 s in the kernel, learn_s 49 -> 65 s). A threshold of a few
+    MiB maps the step's activations and gradients but not a decode step's small tensors."""
+    if configured_mb is not None:
+        return int(configured_mb * 2**20)
+    return LEARNER_MMAP_THRESHOLD if backend == "sync" or not engines_in_process else None
+
+
+def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None) -> dict[str, float]:
+    """One learner step, its tensors of `mmap_threshold` bytes and up mapped (`heap.mapped_tensors`;
+    None: not), so that what it frees goes back to the OS instead of fragmenting the heap."""
+    with phase("learner_step"), (mapped_tensors(mmap_threshold) if mmap_threshold is not None
+                                 else contextlib.nullcontext()):
         metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
@@ -322,19 +334,23 @@ def generating_alone(system: LaminarSystem) -> contextlib.AbstractContextManager
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                 on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
                 dynamic_sampling: bool = False, max_gen_batches: int = 10,
-                guide: Guide | None = None) -> dict[str, Any]:
-    """Run `steps` global-batch updates; returns the run summary (see `summarize`)."""
+                guide: Guide | None = None, mmap_threshold_mb: float | None = None) -> dict[str, Any]:
+    """Run `steps` global-batch updates; returns the run summary (see `summarize`).
+    `mmap_threshold_mb`: `trainer.mmap_threshold_mb` (`learner_mmap_threshold`)."""
     with generating_alone(system):
         return await _train(system, learner, steps, batch_groups, on_step, wait_timeout_s=wait_timeout_s,
-                            dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches, guide=guide)
+                            dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches, guide=guide,
+                            mmap_threshold_mb=mmap_threshold_mb)
 
 
 async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                  on_step: StepCallback | None, *, wait_timeout_s: float, dynamic_sampling: bool,
-                 max_gen_batches: int, guide: Guide | None = None) -> dict[str, Any]:
+                 max_gen_batches: int, guide: Guide | None = None,
+                 mmap_threshold_mb: float | None = None) -> dict[str, Any]:
     backend = system.backend
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
+    mmap_threshold = learner_mmap_threshold(backend, bool(system.engines), mmap_threshold_mb)
     v = learner.version
     with phase("push"):
         await push_weights(system, learner, v)  # relays start from v
@@ -357,7 +373,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
             # (not after the last: a batch nobody trains on would take cores from the final update)
             await system.prompts.allow(batch_groups, min_version=v)
         t1 = time.perf_counter()
-        metrics = await asyncio.to_thread(_learn, learner, groups, backend == "sync" or not system.engines)
+        metrics = await asyncio.to_thread(_learn, learner, groups, mmap_threshold)
         learn_s = time.perf_counter() - t1
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version
@@ -457,7 +473,8 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
             return await train(system, learner, cfg.trainer.steps, cfg.trainer.batch_groups, on_step,
                                wait_timeout_s=cfg.laminar.wait_timeout_s,
                                dynamic_sampling=cfg.trainer.dynamic_sampling,
-                               max_gen_batches=cfg.trainer.max_gen_batches, guide=guide)
+                               max_gen_batches=cfg.trainer.max_gen_batches, guide=guide,
+                               mmap_threshold_mb=cfg.trainer.mmap_threshold_mb)
         finally:
             run_status.watch(None)  # nothing to poll once the actors are gone
             await shutdown(system)

@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 
-from agentrl.laminar.loop import build_system, resolve_backend, shutdown, train
+from agentrl.laminar.loop import build_system, learner_mmap_threshold, resolve_backend, shutdown, train
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
@@ -133,7 +133,7 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
                                              n_workers=1)
     generated_alone = _record_all_cores(engines[0])
     mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
-    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda: mapped_steps.append(1) or contextlib.nullcontext())
+    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
     learner = FakeLearner()
     try:
         summary = await asyncio.wait_for(train(system, learner, steps=4, batch_groups=2), 60)
@@ -152,18 +152,33 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     assert generated_alone and set(generated_alone) == {backend == "sync"}
     # nothing is generated past the last step: every group written was trained on
     assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 4 * 2
-    assert len(mapped_steps) == (4 if backend == "sync" else 0)
+    assert mapped_steps == ([128 << 10] * 4 if backend == "sync" else [])
 
 
-def test_run_training_entry_point(tokenizer):
+def test_learner_step_mmap_threshold_is_the_configured_one_or_automatic() -> None:
+    # automatic: mapped at 128 KiB only where no in-process engine decodes beside the step
+    assert learner_mmap_threshold("sync", True, None) == 128 << 10
+    assert learner_mmap_threshold("global-async", False, None) == 128 << 10
+    assert learner_mmap_threshold("global-async", True, None) is None
+    assert learner_mmap_threshold("laminar", True, None) is None
+    # trainer.mmap_threshold_mb wins on every backend
+    assert learner_mmap_threshold("global-async", True, 2) == 2 << 20
+    assert learner_mmap_threshold("sync", True, 0.5) == 512 << 10
+
+
+def test_run_training_entry_point(tokenizer, monkeypatch):
     from agentrl.laminar import run_training
 
-    cfg = small_config("laminar", **{"trainer.steps": 2})
+    cfg = small_config("laminar", **{"trainer.steps": 2, "trainer.mmap_threshold_mb": 2})
     steps = []
+    thresholds = []  # the configured threshold reaches each learner step, even beside in-process engines
+    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors",
+                        lambda threshold: thresholds.append(threshold) or contextlib.nullcontext())
     summary = run_training(cfg, make_env, tail_tasks(2, long_turns=2, tool_s=0.01),
                            FakeLearner(train_s=0.01), [FakeEngine(tokenizer, seed=i) for i in range(2)],
                            on_step=steps.append)
     assert [r["step"] for r in steps] == [0, 1] and summary["final_version"] == 2
+    assert thresholds == [2 << 20] * 2
     assert summary["trajectories_trained"] == 2 * 2 * 2
     assert set(summary) >= {"trainer_idle_s", "rollout_idle_s", "staleness_hist", "repack_moves",
                             "weight_pull_s", "push_stall_s"}
