@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import MARK, TEST_LIMITS, host_processes
@@ -13,14 +14,25 @@ from conftest import MARK, TEST_LIMITS, host_processes
 from agentrl.sandboxes import Sandbox
 
 
-async def _gone(needle: str, within_s: float = 3.0) -> bool:
-    """Whether no host process matches `needle` within `within_s` (kills are asynchronous)."""
+async def _eventually(holds: Callable[[], bool], within_s: float = 3.0) -> bool:
+    """Whether `holds()` becomes true within `within_s` (processes start and die asynchronously)."""
     deadline = time.monotonic() + within_s
-    while host_processes(needle):
+    while not holds():
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+async def _gone(needle: str, within_s: float = 3.0) -> bool:
+    """Whether no host process matches `needle` within `within_s` (kills are asynchronous)."""
+    return await _eventually(lambda: not host_processes(needle), within_s)
+
+
+async def _running(needle: str, within_s: float = 3.0) -> bool:
+    """Whether a host process matches `needle` within `within_s`: a backgrounded command may not
+    have exec'd yet when the shell that started it returns (setsid forks first)."""
+    return await _eventually(lambda: bool(host_processes(needle)), within_s)
 
 
 async def test_basic_exec_and_files(sandbox: Sandbox) -> None:
@@ -121,11 +133,11 @@ async def test_background_sleep_leaves_no_orphan(backend: str) -> None:
     try:
         r = await sb.exec(f"{needle} > /dev/null 2>&1 & echo started", timeout=5)
         assert r.stdout == "started\n"
-        assert host_processes(needle) != []  # it does not hold the exec open, but lives on ...
+        assert await _running(needle)  # it does not hold the exec open, but lives on ...
         await sb.reset()
         assert await _gone(needle)  # ... until reset
         r = await sb.exec(f"setsid {needle} > /dev/null 2>&1 & echo again", timeout=5)
-        assert r.stdout == "again\n" and host_processes(needle) != []
+        assert r.stdout == "again\n" and await _running(needle)
     finally:
         await sb.close()
     assert await _gone(needle)  # or close, even when it escaped into its own session
