@@ -271,7 +271,8 @@ async def test_rows_that_join_a_decoding_batch_are_prefilled_in_its_forward_pass
     unlike lengths, and a second turn that reuses its kept prefix) admitted while another row
     decodes with speculation go through the model in that step's one ragged pass (`fused_prefills`,
     no prefill pass of their own). Every output is the one the same engine gives with a pass per
-    rectangle: the same tokens, log-probs within 1e-5, and within 1e-4 of the trainer's forward."""
+    rectangle: the same tokens, log-probs within 3e-5 (fp32 kernel-shape noise: up to 1.1e-5 on an
+    AVX512-BF16 EPYC without AMX, under 1e-5 on an AMX Xeon), and within 1e-4 of the trainer's forward."""
     tok = load_tokenizer(model_path)
     obs = tok.encode("<|im_end|>\n<|im_start|>user\nAnd another one?<|im_end|>\n<|im_start|>assistant\n",
                      add_special_tokens=False)
@@ -299,7 +300,7 @@ async def test_rows_that_join_a_decoding_batch_are_prefilled_in_its_forward_pass
     assert fused_metrics["draft_tokens"] > 0 and fused[3][1].metrics["cached_tokens"] > 0
     for (prompt, a), (_, b) in zip(fused, separate):
         assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 3e-5
         assert max_diff(model, prompt, a) < 1e-4
 
 

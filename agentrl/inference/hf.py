@@ -119,7 +119,7 @@ class HFEngine:
                  max_model_len: int | None = None, prefix_cache_mb: float = 1024,
                  attn_implementation: str | None = None, in_place_kv: bool = True,
                  autocast: str = "float32", trim_every: int = 512, speculative_tokens: int = 4,
-                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, sampler: str = "inverse_cdf",
+                 prompt_lookup_min: int = 2, prompt_lookup_max: int = 4, sampler: str = "gumbel_max",
                  fuse_passes: bool = True, pack_weights: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

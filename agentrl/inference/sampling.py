@@ -33,19 +33,23 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
 
 
-SAMPLERS = ("inverse_cdf", "multinomial")
+SAMPLERS = ("gumbel_max", "inverse_cdf", "multinomial")
 
 
 def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch.Generator],
-                  method: str = "inverse_cdf") -> tuple[list[int], list[float]]:
+                  method: str = "gumbel_max") -> tuple[list[int], list[float]]:
     """Draw one token per row from processed log-probs `logp` (B, V) with that row's generator
     (so a seeded request is reproducible whatever else shares its batch); greedy rows take the
     argmax. Returns the tokens and their log-probs under `logp`.
 
-    Sampled rows invert their CDF at one uniform draw each (`inverse_cdf`): the same distribution
-    as `torch.multinomial`, which draws an exponential for every vocabulary entry (1.5 ms a row of
-    SmolLM2's 49152 on one core, ~15% of a 10-row decode step; this is ~0.2 ms). `method=
-    "multinomial"` keeps that draw, for benchmarks of the engine as it was."""
+    `method` picks how a sampled row draws; all three draw from `logp` exactly:
+    - `gumbel_max` (default): the Gumbel-max trick (below). Stable under the ~1e-6 noise a
+      batch's kernel shapes put on fp32 log-probs, so a seeded row keeps its tokens in any batch.
+    - `inverse_cdf`: one uniform per row through the row's CDF; ~0.1 ms a row cheaper, but its
+      cumulative sum carries that noise to every interval boundary (CPUs without AMX flip a tail
+      token within 12 draws, see `gumbel_max`).
+    - `multinomial`: `torch.multinomial` (an exponential per vocabulary entry, 1.5 ms a row of
+      SmolLM2's 49152 on one core), kept for benchmarks of the engine as issue 17 filed it."""
     if logp.device.type != "cpu":
         logp = logp.cpu()  # the rows' generators are CPU ones, seeded per request (one B x V copy a step)
     tokens = [0] * len(greedy)
@@ -56,12 +60,28 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch
     if sampled and method == "multinomial":
         for i in sampled:
             tokens[i] = int(torch.multinomial(logp[i].exp(), 1, generator=generators[i]))
-    elif sampled:
+    elif sampled and method == "inverse_cdf":
         uniform = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
         for i, token in zip(sampled, inverse_cdf(logp[sampled], uniform).tolist()):
             tokens[i] = token
+    elif sampled:
+        for i, token in zip(sampled, gumbel_max(logp[sampled], [generators[i] for i in sampled]).tolist()):
+            tokens[i] = token
     picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)]
     return tokens, picked.tolist()
+
+
+def gumbel_max(logp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """argmax_v (log π(v) − log E_v) for each row (B, V), E_v ~ Exp(1) iid from the row's own
+    generator: a draw from π (the Gumbel-max trick; −log E is a standard Gumbel; Maddison, Tarlow
+    & Minka 2014, "A* Sampling"). Log-prob noise of ε changes the draw only when the two best
+    scores lie within ε (probability ~ε), where an inverse CDF moves with the summed noise of every
+    earlier entry (probability ~ V·ε). E = −log(1−u) from a float64 u keeps small E, the likely
+    winners, at full float32 precision (a float32 u would cap a Gumbel at 16.6 and never draw
+    tokens of probability below ~6e-8); a token of log-prob −inf (top-p removed) is never drawn."""
+    uniform = torch.stack([torch.rand(logp.shape[-1], generator=g, dtype=torch.float64) for g in generators])
+    exponential = uniform.float().neg_().log1p_().neg_().clamp_(min=torch.finfo(torch.float32).tiny)
+    return (logp.float() - exponential.log_()).argmax(-1)
 
 
 def inverse_cdf(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
