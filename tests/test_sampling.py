@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.inference.sampling import SAMPLERS, inverse_cdf, processed_logprobs, sample_tokens
+from agentrl.inference.sampling import SAMPLERS, gumbel_max, inverse_cdf, processed_logprobs, sample_tokens
 
 
 def test_inverse_cdf_resolves_a_tail_of_tiny_probabilities_behind_a_likely_token():
@@ -48,6 +48,26 @@ def test_seeded_draws_follow_the_distribution_and_ignore_the_batch(method):
                           [torch.Generator().manual_seed(1), torch.Generator().manual_seed(7),
                            torch.Generator().manual_seed(8)], method)[0]
     assert mixed[0] == 1 and mixed[1] == alone[0]
+
+
+def test_gumbel_max_picks_blocks_then_tokens_with_the_distributions_mass():
+    """Three blocks of 4 over a vocabulary of 10 (the last one padded), with likely tokens in each
+    and a removed one; then 4096 tokens of 5e-8 (16 blocks) behind a block of likely ones, which
+    100 000 draws reach as often as their mass (2e-4) says."""
+    probs = torch.tensor([0.1, 0.0, 0.05, 0.15, 0.3, 0.02, 0.03, 0.05, 0.2, 0.1])
+    rows = 20_000
+    gens = [torch.Generator().manual_seed(i) for i in range(rows)]
+    tokens = gumbel_max(probs.log()[None].expand(rows, -1), gens, block=4)
+    freq = torch.bincount(tokens, minlength=10).double() / rows
+    assert freq[1] == 0
+    assert float((freq - probs.double()).abs().max()) < 5 * (0.25 / rows) ** 0.5  # 5 sigma
+    tail, p_tail = 4096, 5e-8  # 16 blocks of 256, mass 2e-4
+    tail_probs = torch.full((256 + tail,), p_tail, dtype=torch.float64)
+    tail_probs[:256] = (1 - tail * p_tail) / 256
+    logp = tail_probs.log().float()
+    draws = torch.cat([gumbel_max(logp[None].expand(5000, -1), [torch.Generator().manual_seed(s * 5000 + i)
+                                                                 for i in range(5000)]) for s in range(20)])
+    assert 4 <= int((draws >= 256).sum()) <= 40  # Poisson(20): P(outside) < 1e-3
 
 
 def test_a_seeded_gumbel_max_draw_survives_log_prob_noise_that_moves_an_inverse_cdf():

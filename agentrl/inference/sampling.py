@@ -45,9 +45,9 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch
     `method` picks how a sampled row draws; all three draw from `logp` exactly:
     - `gumbel_max` (default): the Gumbel-max trick (below). Stable under the ~1e-6 noise a
       batch's kernel shapes put on fp32 log-probs, so a seeded row keeps its tokens in any batch.
-    - `inverse_cdf`: one uniform per row through the row's CDF; ~0.1 ms a row cheaper, but its
-      cumulative sum carries that noise to every interval boundary (CPUs without AMX flip a tail
-      token within 12 draws, see `gumbel_max`).
+    - `inverse_cdf`: one uniform per row through the row's float64 CDF; its cumulative sum
+      carries that noise to every interval boundary (on a CPU without AMX a seeded row drew
+      another tail token within 12 tokens in a batch of 4; see `gumbel_max`).
     - `multinomial`: `torch.multinomial` (an exponential per vocabulary entry, 1.5 ms a row of
       SmolLM2's 49152 on one core), kept for benchmarks of the engine as issue 17 filed it."""
     if logp.device.type != "cpu":
@@ -71,17 +71,31 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch
     return tokens, picked.tolist()
 
 
-def gumbel_max(logp: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """argmax_v (log π(v) − log E_v) for each row (B, V), E_v ~ Exp(1) iid from the row's own
-    generator: a draw from π (the Gumbel-max trick; −log E is a standard Gumbel; Maddison, Tarlow
-    & Minka 2014, "A* Sampling"). Log-prob noise of ε changes the draw only when the two best
-    scores lie within ε (probability ~ε), where an inverse CDF moves with the summed noise of every
-    earlier entry (probability ~ V·ε). E = −log(1−u) from a float64 u keeps small E, the likely
-    winners, at full float32 precision (a float32 u would cap a Gumbel at 16.6 and never draw
-    tokens of probability below ~6e-8); a token of log-prob −inf (top-p removed) is never drawn."""
-    uniform = torch.stack([torch.rand(logp.shape[-1], generator=g, dtype=torch.float64) for g in generators])
-    exponential = uniform.float().neg_().log1p_().neg_().clamp_(min=torch.finfo(torch.float32).tiny)
-    return (logp.float() - exponential.log_()).argmax(-1)
+GUMBEL_BLOCK = 256  # vocabulary entries per block of gumbel_max's first stage
+
+
+def gumbel_max(logp: torch.Tensor, generators: list[torch.Generator], block: int = GUMBEL_BLOCK) -> torch.Tensor:
+    """One token per row (B, V) of log-probs by the Gumbel-max trick, in two stages: argmax_v
+    (log π(v) + G_v), G_v iid standard Gumbel, is a draw from π, and the best score in a set S
+    is distributed as log Σ_S π + G, independently of which v in S attains it (max-stability;
+    Maddison, Tarlow & Minka 2014, "A* Sampling"). So a row picks a block of `block` entries by
+    argmax_b (logsumexp_b + G_b), then a token in it by argmax (log π(v) + G'_v): the same
+    distribution from n_blocks + block Gumbels (448 for SmolLM2) instead of V.
+
+    Log-prob noise of ε (a batch's fp32 kernel shapes give ~1e-6) changes a draw only when two
+    best scores lie within ε, probability ~ε; an inverse CDF moves with the summed noise of every
+    earlier entry, probability ~ V·ε. G = −log E, E = −log(1−u) from a float64 u: small E, the
+    likely winners, keep float32 precision. A token of log-prob −inf (top-p removed) is never
+    drawn. Draws come from the row's own generator, a fixed number per call."""
+    rows, vocab = logp.shape
+    n_blocks = -(-vocab // block)
+    blocks = torch.nn.functional.pad(logp.float(), (0, n_blocks * block - vocab), value=float("-inf"))
+    blocks = blocks.view(rows, n_blocks, block)
+    uniform = torch.stack([torch.rand(n_blocks + block, generator=g, dtype=torch.float64) for g in generators])
+    log_exponential = uniform.float().neg_().log1p_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_()
+    best_block = (torch.logsumexp(blocks, -1) - log_exponential[:, :n_blocks]).argmax(-1)
+    in_block = (blocks[torch.arange(rows), best_block] - log_exponential[:, n_blocks:]).argmax(-1)
+    return best_block * block + in_block
 
 
 def inverse_cdf(logp: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
