@@ -57,15 +57,15 @@ def sample_tokens(logp: torch.Tensor, greedy: list[bool], generators: list[torch
     for i, is_greedy in enumerate(greedy):
         if is_greedy:
             tokens[i] = int(logp[i].argmax())
-    if sampled and method == "multinomial":
-        for i in sampled:
-            tokens[i] = int(torch.multinomial(logp[i].exp(), 1, generator=generators[i]))
-    elif sampled and method == "inverse_cdf":
-        uniform = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
-        for i, token in zip(sampled, inverse_cdf(logp[sampled], uniform).tolist()):
-            tokens[i] = token
-    elif sampled:
-        for i, token in zip(sampled, gumbel_max(logp[sampled], [generators[i] for i in sampled]).tolist()):
+    if sampled:
+        if method == "multinomial":
+            drawn = [int(torch.multinomial(logp[i].exp(), 1, generator=generators[i])) for i in sampled]
+        elif method == "inverse_cdf":
+            uniform = torch.stack([torch.rand((), generator=generators[i], dtype=torch.float64) for i in sampled])
+            drawn = inverse_cdf(logp[sampled], uniform).tolist()
+        else:
+            drawn = gumbel_max(logp[sampled], [generators[i] for i in sampled]).tolist()
+        for i, token in zip(sampled, drawn):
             tokens[i] = token
     picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)]
     return tokens, picked.tolist()
@@ -89,8 +89,10 @@ def gumbel_max(logp: torch.Tensor, generators: list[torch.Generator], block: int
     drawn. Draws come from the row's own generator, a fixed number per call."""
     rows, vocab = logp.shape
     n_blocks = -(-vocab // block)
-    blocks = torch.nn.functional.pad(logp.float(), (0, n_blocks * block - vocab), value=float("-inf"))
-    blocks = blocks.view(rows, n_blocks, block)
+    blocks = logp.float()
+    if n_blocks * block != vocab:  # pad the last block (SmolLM2's 49152 needs none: no copy a step)
+        blocks = torch.nn.functional.pad(blocks, (0, n_blocks * block - vocab), value=float("-inf"))
+    blocks = blocks.reshape(rows, n_blocks, block)
     uniform = torch.stack([torch.rand(n_blocks + block, generator=g, dtype=torch.float64) for g in generators])
     log_exponential = uniform.float().neg_().log1p_().neg_().clamp_(min=torch.finfo(torch.float32).tiny).log_()
     best_block = (torch.logsumexp(blocks, -1) - log_exponential[:, :n_blocks]).argmax(-1)
