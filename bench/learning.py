@@ -1,6 +1,6 @@
-"""Learning on the same budget: agentrl (`laminar` and `sync` backends) against TRL's GRPOTrainer.
+"""Learning on the same budget: agentrl (`global-async`, `sync` and `laminar` backends) against TRL's GRPOTrainer.
 
-    .venv/bin/python bench/learning.py [--quick] [--budget-s S] [--systems laminar,sync,trl] [--out DIR]
+    .venv/bin/python bench/learning.py [--quick] [--budget-s S] [--systems global-async,sync,laminar,trl] [--out DIR]
     .venv/bin/python bench/learning.py --multi-turn --env search,code,swe [--heldout-n N] [--heldout-samples K] [--steps N]
 
 Same task, same model (the embedded SmolLM2-135M-Instruct, fp32), same wall-clock budget on this
@@ -14,8 +14,10 @@ CPU, run one system after the other:
   from its reply it passes the easy tasks about one time in eight to one in two. TRL 1.x does have multi-turn tool support in GRPOTrainer
   (`tools=` / `environment_factory=`), but it refuses SmolLM2's chat template (no tool-calling
   support in it), so TRL gets the same single-turn set-up: same messages, same grader.
-- agentrl: `run_training_async` with one HF rollout worker; `laminar` overlaps generation with
-  training, `sync` alternates them.
+- agentrl: `run_training_async` with one HF rollout worker. `global-async` (one-step-off: the batch
+  for step k+1 is generated while step k trains) is what `laminar.backend: auto` resolves to with
+  one local worker, so it is what `agentrl train` runs on a laptop; `sync` alternates generation and
+  training; `laminar` decouples them fully (the cluster backend).
 - TRL: `bench/_trl_runner.py` under its own venv (`.venv-trl`, TRL pins its own transformers);
   its reward function sends completions to `learning.py --grade-server` (this venv), which runs
   the same hidden tests the same way.
@@ -46,7 +48,7 @@ from _common import RESULTS_DIR, ROOT, emit, load_average, machine_info, utc_now
 
 from agentrl.evaluate import wilson_interval
 
-SYSTEMS = ("laminar", "sync", "trl")
+SYSTEMS = ("global-async", "sync", "laminar", "trl")
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 SYSTEM_PROMPT = ("You are an expert Python programmer. Write the function the user asks for. Reply with the "
@@ -74,7 +76,8 @@ class Settings:
 
 DIFFERENCES = [
     "threads: agentrl's HF engine sets 1 torch thread per process on 2 cores (2 threads spin-wait on a loaded "
-    "box); laminar decodes and trains concurrently in two Python threads, sync one after the other. TRL gets "
+    "box); laminar and global-async decode and train concurrently in two Python threads, sync one after the "
+    "other. TRL gets "
     "the same 1 torch thread and generates, then trains",
     "generation: agentrl's HF engine (continuous batching of the 8 requests); TRL model.generate on the batch "
     "of 8 (no vLLM on this CPU), gradient checkpointing off in both",

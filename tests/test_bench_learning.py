@@ -96,18 +96,20 @@ def test_bad_arguments_are_named() -> None:
 
 @pytest.mark.slow
 def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
-    """The real thing, smallest: agentrl sync backend, real model, real sandbox, 20 s budget."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--systems", "sync",
+    """The real thing, smallest: agentrl's laptop default (`global-async`) and `sync` backends, real
+    model, real sandbox, 20 s budget each."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "learning.py"), "--systems", "global-async,sync",
                            "--budget-s", "20", "--max-tokens", "32", "--num-tasks", "20",
                            "--group-size", "2", "--prompts-per-step", "1", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["bench"] == "learning" and record["errors"] == {}
-    sync = record["systems"]["sync"]
-    assert sync["steps"] >= 1 and sync["trajectories"] >= 2
-    assert 0.0 <= sync["reward_first_batch"] <= 1.0
-    assert len(sync["reward_at"]) == 6 and record["settings"]["budget_s"] == 20
-    assert record["load_avg_before"] is not None
+    for name in ("global-async", "sync"):
+        system = record["systems"][name]
+        assert system["steps"] >= 1 and system["trajectories"] >= 2, name
+        assert 0.0 <= system["reward_first_batch"] <= 1.0
+        assert len(system["reward_at"]) == 6
+        assert json.loads((tmp_path / "learning.json").read_text())["points"][name]
+    assert record["settings"]["budget_s"] == 20 and record["load_avg_before"] is not None
     assert (tmp_path / "learning.png").stat().st_size > 1000
-    assert json.loads((tmp_path / "learning.json").read_text())["points"]["sync"]
