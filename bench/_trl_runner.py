@@ -61,6 +61,9 @@ def main() -> int:
     grader = Grader(json.loads(args.grader))
     points: list[list[float]] = []
     step_times: list[float] = []  # TRL's own step_time: generation + grading + update
+    # Steps whose batch carries an advantage (some group's rewards differ: TRL's frac_reward_zero_std
+    # < 1). TRL runs its update on every batch, but on the others the policy gradient is zero.
+    signal_times: list[float] = []
     start = {"t": 0.0}
     facts = {"setup": "single-turn GRPOTrainer (TRL's tool/environment_factory mode refuses SmolLM2's chat template)",
              "trl_version": trl.__version__, "transformers_version": transformers.__version__,
@@ -69,7 +72,8 @@ def main() -> int:
     def write_result(done: bool) -> None:
         """Written after every step, so a run killed mid-step still leaves its curve."""
         step_s = round(sum(step_times) / len(step_times), 3) if step_times else None
-        Path(args.out).write_text(json.dumps({"points": points, "done": done, "step_s_mean": step_s,
+        Path(args.out).write_text(json.dumps({"points": points, "signal_times": signal_times, "done": done,
+                                              "step_s_mean": step_s,
                                               "wall_s": round(time.perf_counter() - start["t"], 1), **facts}))
 
     def code_reward(prompts: list[Any], completions: list[Any], task_id: list[str], **_: Any) -> list[float]:
@@ -86,6 +90,8 @@ def main() -> int:
             if logs and "reward" in logs:
                 t = time.perf_counter() - start["t"]
                 points.append([round(t, 2), float(logs["reward"]), s["group_size"] * s["prompts_per_step"]])
+                if float(logs.get("frac_reward_zero_std", 0.0)) < 1.0:
+                    signal_times.append(round(t, 2))
                 if "step_time" in logs:
                     step_times.append(float(logs["step_time"]))
                 write_result(False)

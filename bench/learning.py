@@ -209,9 +209,14 @@ def final_reward_ci95(points: list[Point], budget_s: float) -> list[float] | Non
 
 
 def steps_per_hour(points: list[Point], budget_s: float) -> float:
-    """Optimizer steps finished within the budget, per hour (a step in flight at the budget is
-    not counted: every system is cut at the same wall clock)."""
-    return round(sum(1 for t, _, _ in points if t <= budget_s) * 3600 / budget_s, 2)
+    """Steps (batches trained on) finished within the budget, per hour (a step in flight at the
+    budget is not counted: every system is cut at the same wall clock)."""
+    return per_hour([t for t, _, _ in points], budget_s)
+
+
+def per_hour(times: list[float], budget_s: float) -> float:
+    """Events at wall-clock `times` that finished within the budget, per hour."""
+    return round(sum(1 for t in times if t <= budget_s) * 3600 / budget_s, 2)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -261,6 +266,11 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     staleness: list[float] = []
     waits: list[float] = []  # trainer waiting for whole groups: generation not hidden by overlap
     learns: list[float] = []
+    # A batch whose every group has one reward (all solved, say) has no advantage: agentrl skips its
+    # update (the version stays), TRL still runs one (with a zero policy gradient). Such a step counts
+    # in `steps_per_hour`; `signal_steps_per_hour` counts only the steps with an advantage.
+    signal_times: list[float] = []
+    version = [learner.version]
     t0 = time.perf_counter()
 
     def on_step(rec: dict[str, Any]) -> None:
@@ -269,6 +279,9 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         staleness.append(float(rec["staleness_mean"]))
         waits.append(float(rec["trainer_wait_s"]))
         learns.append(float(rec["learn_s"]))
+        if rec["version"] != version[0]:
+            signal_times.append(round(t, 2))
+            version[0] = rec["version"]
         print(f"[learning] {backend} step {rec['step']} t={t:.0f}s reward={rec['reward_mean']:.3f}",
               file=sys.stderr, flush=True)
         if t >= s.budget_s:
@@ -285,7 +298,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         timed_out = True
     finally:
         await engine.close()
-    return {"points": points, "wall_s": round(time.perf_counter() - t0, 1),
+    return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), "wait_s_mean": _mean(waits), "learn_s_mean": _mean(learns),
             "setup": "single-turn (agentrl Env, one turn)", **({"timed_out_after_s": limit} if timed_out else {})}
 
@@ -382,14 +395,20 @@ def plot(curves: dict[str, list[Point]], budget_s: float, path: Path) -> None:
 
 
 def versus_trl(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Issue 17's figures: each agentrl backend's optimizer steps per hour over TRL's, and
-    whether its final reward is not below the lower end of TRL's 95% interval."""
+    """Issue 17's figures: each agentrl backend's steps per hour over TRL's; the same for the steps
+    whose batch carries an advantage (agentrl skips the update of any other; TRL runs it with a
+    zero policy gradient), the ones that teach; and whether its final reward is not below the
+    lower end of TRL's 95% interval."""
     trl = systems.get("trl")
     if not trl or not trl["steps_per_hour"]:
         return {}
     ours = {n: r for n, r in systems.items() if n != "trl"}
     low = (trl["reward_final_ci95"] or [None])[0]
     return {"steps_per_hour_over_trl": {n: round(r["steps_per_hour"] / trl["steps_per_hour"], 2) for n, r in ours.items()},
+            "signal_steps_per_hour_over_trl": {
+                n: round(r["signal_steps_per_hour"] / trl["signal_steps_per_hour"], 2)
+                if r.get("signal_steps_per_hour") is not None and trl.get("signal_steps_per_hour") else None
+                for n, r in ours.items()},
             "final_reward_not_below_trl_ci": {n: None if low is None or r["reward_final"] is None
                                               else r["reward_final"] >= low for n, r in ours.items()}}
 
@@ -409,6 +428,7 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "reward_final": round(finals[name], 4) if finals[name] is not None else None,
             "reward_final_ci95": final_reward_ci95(pts, s.budget_s),
             "steps_per_hour": steps_per_hour(pts, s.budget_s),
+            "signal_steps_per_hour": per_hour(r["signal_times"], s.budget_s) if "signal_times" in r else None,
             "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
             **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "step_s_mean", "trl_version",

@@ -54,12 +54,17 @@ def test_steps_per_hour_over_trl_counts_steps_within_the_budget_and_compares_fin
     assert learning.steps_per_hour(trl, budget) == 12.0
     lo, hi = learning.final_reward_ci95(trl, budget)  # batches after 600 s: 11 of 16 trajectories
     assert lo < 11 / 16 < hi
+    # the steps whose batch had an advantage: agentrl's all-solved batch at 700 s had none, nor TRL's at 650 s
+    signal = {"laminar": [100.0, 400.0, 899.0, 950.0], "trl": [300.0, 890.0], "sync": [890.0]}
+    assert learning.per_hour(signal["laminar"], budget) == 12.0
     systems = {name: {"steps_per_hour": learning.steps_per_hour(p, budget),
+                      "signal_steps_per_hour": learning.per_hour(signal[name], budget),
                       "reward_final": learning.final_reward(p, budget),
                       "reward_final_ci95": learning.final_reward_ci95(p, budget)}
                for name, p in (("laminar", ours), ("trl", trl), ("sync", [(890.0, 0.0, 8)]))}
     got = learning.versus_trl(systems)
     assert got["steps_per_hour_over_trl"] == {"laminar": 1.33, "sync": 0.33}
+    assert got["signal_steps_per_hour_over_trl"] == {"laminar": 1.5, "sync": 0.5}
     assert got["final_reward_not_below_trl_ci"] == {"laminar": True, "sync": False}
     assert learning.versus_trl({k: v for k, v in systems.items() if k != "trl"}) == {}
 
@@ -110,6 +115,7 @@ def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
         assert system["steps"] >= 1 and system["trajectories"] >= 2, name
         assert 0.0 <= system["reward_first_batch"] <= 1.0
         assert len(system["reward_at"]) == 6
+        assert 0 <= system["signal_steps_per_hour"] <= system["steps_per_hour"]
         assert json.loads((tmp_path / "learning.json").read_text())["points"][name]
     assert record["settings"]["budget_s"] == 20 and record["load_avg_before"] is not None
     assert (tmp_path / "learning.png").stat().st_size > 1000
