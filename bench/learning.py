@@ -77,8 +77,7 @@ class Settings:
 DIFFERENCES = [
     "threads: agentrl's HF engine sets 1 torch thread per process on 2 cores (2 threads spin-wait on a loaded "
     "box); laminar and global-async decode and train concurrently in two Python threads, sync one after the "
-    "other. TRL gets "
-    "the same 1 torch thread and generates, then trains",
+    "other. TRL gets the same 1 torch thread and generates, then trains",
     "generation: agentrl's HF engine (continuous batching of the 8 requests); TRL model.generate on the batch "
     "of 8 (no vLLM on this CPU), gradient checkpointing off in both",
     "agentrl: decoupled PPO (π_prox recomputed per batch) + truncated IS (cap 2) on behaviour log-probs; "
@@ -270,18 +269,19 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     # update (the version stays), TRL still runs one (with a zero policy gradient). Such a step counts
     # in `steps_per_hour`; `signal_steps_per_hour` counts only the steps with an advantage.
     signal_times: list[float] = []
-    version = [learner.version]
+    version = learner.version
     t0 = time.perf_counter()
 
     def on_step(rec: dict[str, Any]) -> None:
+        nonlocal version
         t = time.perf_counter() - t0
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
         waits.append(float(rec["trainer_wait_s"]))
         learns.append(float(rec["learn_s"]))
-        if rec["version"] != version[0]:
+        if rec["version"] != version:  # the learner stepped: the batch had an advantage
             signal_times.append(round(t, 2))
-            version[0] = rec["version"]
+            version = rec["version"]
         print(f"[learning] {backend} step {rec['step']} t={t:.0f}s reward={rec['reward_mean']:.3f}",
               file=sys.stderr, flush=True)
         if t >= s.budget_s:
@@ -404,11 +404,12 @@ def versus_trl(systems: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return {}
     ours = {n: r for n, r in systems.items() if n != "trl"}
     low = (trl["reward_final_ci95"] or [None])[0]
-    return {"steps_per_hour_over_trl": {n: round(r["steps_per_hour"] / trl["steps_per_hour"], 2) for n, r in ours.items()},
-            "signal_steps_per_hour_over_trl": {
-                n: round(r["signal_steps_per_hour"] / trl["signal_steps_per_hour"], 2)
-                if r.get("signal_steps_per_hour") is not None and trl.get("signal_steps_per_hour") else None
-                for n, r in ours.items()},
+
+    def over_trl(key: str, r: dict[str, Any]) -> float | None:
+        return round(r[key] / trl[key], 2) if r.get(key) is not None and trl.get(key) else None
+
+    return {"steps_per_hour_over_trl": {n: over_trl("steps_per_hour", r) for n, r in ours.items()},
+            "signal_steps_per_hour_over_trl": {n: over_trl("signal_steps_per_hour", r) for n, r in ours.items()},
             "final_reward_not_below_trl_ci": {n: None if low is None or r["reward_final"] is None
                                               else r["reward_final"] >= low for n, r in ours.items()}}
 
@@ -451,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return multi_turn(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="180 s per system and 96-token completions (~10 min in all)")
+    ap.add_argument("--quick", action="store_true", help="180 s per system and 96-token completions")
     ap.add_argument("--budget-s", type=float, default=None, help="wall clock per system (default 600, quick 180)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)

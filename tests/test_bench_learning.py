@@ -110,12 +110,13 @@ def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     assert record["bench"] == "learning" and record["errors"] == {}
+    points = json.loads((tmp_path / "learning.json").read_text())["points"]
     for name in ("global-async", "sync"):
         system = record["systems"][name]
         assert system["steps"] >= 1 and system["trajectories"] >= 2, name
         assert 0.0 <= system["reward_first_batch"] <= 1.0
         assert len(system["reward_at"]) == 6
         assert 0 <= system["signal_steps_per_hour"] <= system["steps_per_hour"]
-        assert json.loads((tmp_path / "learning.json").read_text())["points"][name]
+        assert points[name]
     assert record["settings"]["budget_s"] == 20 and record["load_avg_before"] is not None
     assert (tmp_path / "learning.png").stat().st_size > 1000
