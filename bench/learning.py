@@ -263,8 +263,10 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     engine = make_engine(cfg)
     points: list[Point] = []
     staleness: list[float] = []
-    waits: list[float] = []  # trainer waiting for whole groups: generation not hidden by overlap
-    learns: list[float] = []
+    # seconds a step spends per phase: waiting for whole groups (generation not hidden by overlap),
+    # the update, the weight push, the barrier until the engine runs the new version
+    phases: dict[str, list[float]] = {"wait": [], "learn": [], "push": [], "barrier": []}
+    phase_keys = {"wait": "trainer_wait_s", "learn": "learn_s", "push": "push_stall_s", "barrier": "weight_sync_s"}
     # A batch whose every group has one reward (all solved, say) has no advantage: agentrl skips its
     # update (the version stays), TRL still runs one (with a zero policy gradient). Such a step counts
     # in `steps_per_hour`; `signal_steps_per_hour` counts only the steps with an advantage.
@@ -277,8 +279,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         t = time.perf_counter() - t0
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
-        waits.append(float(rec["trainer_wait_s"]))
-        learns.append(float(rec["learn_s"]))
+        for name, key in phase_keys.items():
+            phases[name].append(float(rec[key]))
         if rec["version"] != version:  # the learner stepped: the batch had an advantage
             signal_times.append(round(t, 2))
             version = rec["version"]
@@ -299,7 +301,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     finally:
         await engine.close()
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
-            "staleness_mean": _mean(staleness), "wait_s_mean": _mean(waits), "learn_s_mean": _mean(learns),
+            "staleness_mean": _mean(staleness), **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)", **({"timed_out_after_s": limit} if timed_out else {})}
 
 
@@ -432,8 +434,9 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "signal_steps_per_hour": per_hour(r["signal_times"], s.budget_s) if "signal_times" in r else None,
             "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
-            **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "step_s_mean", "trl_version",
-                                  "transformers_version", "torch_threads", "timed_out_after_s")
+            **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "push_s_mean", "barrier_s_mean",
+                                  "step_s_mean", "trl_version", "transformers_version", "torch_threads",
+                                  "timed_out_after_s")
                 if r.get(k) is not None}),
         }
     return {
