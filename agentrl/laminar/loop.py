@@ -331,15 +331,6 @@ def generating_alone(system: LaminarSystem) -> contextlib.AbstractContextManager
     return contextlib.nullcontext()
 
 
-def waiting_alone(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
-    """On `global-async` the trainer idles while it waits for a batch, so a lone in-process engine
-    decodes on every core meanwhile and on its share (`HFEngine.num_threads`) while an update
-    runs beside it: the tail of a batch that outlasts the update no longer leaves cores idle."""
-    if system.backend == "global-async" and len(system.engines) == 1:
-        return all_cores(system.engines[0])
-    return contextlib.nullcontext()
-
-
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                 on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
                 dynamic_sampling: bool = False, max_gen_batches: int = 10,
@@ -370,9 +361,8 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
     for step in range(steps):
         t0 = time.perf_counter()
         mark_phase("rollout")  # the trainer waits for a batch (bench/memory.py's timeline)
-        with waiting_alone(system):
-            groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
-                                              max_gen_batches, release_more=backend != "laminar", guide=guide)
+        groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
+                                          max_gen_batches, release_more=backend != "laminar", guide=guide)
         wait_s = time.perf_counter() - t0
         if backend != "laminar":
             await drop_finished_prefixes(system)  # before the next batch is released
