@@ -46,7 +46,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     for name in ("--model", "--data", "--out", "--work", "--settings", "--grader"):
         ap.add_argument(name, required=True)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (agentrl's HF engine uses 1 on 2 cores)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (bench/learning.py --trl-threads)")
     args = ap.parse_args()
     s: dict[str, Any] = json.loads(args.settings)
 

@@ -75,9 +75,9 @@ class Settings:
 
 
 DIFFERENCES = [
-    "threads: agentrl's HF engine sets 1 torch thread per process on 2 cores (2 threads spin-wait on a loaded "
-    "box); laminar and global-async decode and train concurrently in two Python threads, sync one after the "
-    "other. TRL gets the same 1 torch thread and generates, then trains",
+    "threads: agentrl's learner has torch's default (every core) and its HF engine half the cores (1 on 2), "
+    "every core under sync, where they take turns; laminar and global-async decode and train concurrently in "
+    "two Python threads. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
     "generation: agentrl's HF engine (continuous batching of the 8 requests); TRL model.generate on the batch "
     "of 8 (no vLLM on this CPU), gradient checkpointing off in both",
     "agentrl: decoupled PPO (π_prox recomputed per batch) + truncated IS (cap 2) on behaviour log-probs; "
@@ -250,6 +250,8 @@ def agentrl_config(s: Settings, backend: str) -> Any:
 
 async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     """Train with one backend until the budget; returns its points and run facts."""
+    import torch
+
     from agentrl.inference import make_engine
     from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_model
@@ -302,7 +304,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         await engine.close()
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
-            "setup": "single-turn (agentrl Env, one turn)", **({"timed_out_after_s": limit} if timed_out else {})}
+            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": torch.get_num_threads(),  # the learner's
+            **({"timed_out_after_s": limit} if timed_out else {})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,8 +336,9 @@ def grade_server(s: Settings) -> None:
             print(json.dumps({"rewards": rewards}), flush=True)
 
 
-def run_trl(s: Settings, work: Path) -> dict[str, Any]:
-    """Run bench/_trl_runner.py under .venv-trl; returns its points and run facts."""
+def run_trl(s: Settings, work: Path, threads: int) -> dict[str, Any]:
+    """Run bench/_trl_runner.py under .venv-trl with `threads` torch threads; returns its points and
+    run facts."""
     if not TRL_PYTHON.exists():
         raise FileNotFoundError(f"{TRL_PYTHON} not found: create it with `python3 -m venv .venv-trl && "
                                 ".venv-trl/bin/pip install torch==2.13.0 trl`")
@@ -348,7 +352,8 @@ def run_trl(s: Settings, work: Path) -> dict[str, Any]:
               "--num-tasks", str(s.num_tasks), "--seed", str(s.seed)]
     cmd = [str(TRL_PYTHON), str(Path(__file__).resolve().parent / "_trl_runner.py"),
            "--model", str(resolve_model("smollm2-135m")), "--data", str(data), "--out", str(result),
-           "--work", str(work), "--settings", json.dumps(asdict(s)), "--grader", json.dumps(grader)]
+           "--work", str(work), "--settings", json.dumps(asdict(s)), "--grader", json.dumps(grader),
+           "--threads", str(threads)]
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     limit = s.budget_s * 2 + 600  # a step cannot be interrupted; allow the one in flight to end
@@ -466,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--difficulty", type=int, default=Settings.difficulty)
     ap.add_argument("--num-tasks", type=int, default=Settings.num_tasks)
     ap.add_argument("--seed", type=int, default=Settings.seed)
+    ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
+                    help="TRL's torch threads (default: every core, as agentrl's learner gets torch's default; "
+                         "until stop 50 TRL ran on 1)")
     ap.add_argument("--grade-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -502,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in systems:
             print(f"[learning] {name}: {budget:.0f} s budget", file=sys.stderr, flush=True)
             try:
-                runs[name] = run_trl(s, Path(tmp)) if name == "trl" else asyncio.run(run_agentrl(s, name))
+                runs[name] = run_trl(s, Path(tmp), args.trl_threads) if name == "trl" else asyncio.run(run_agentrl(s, name))
             except Exception as e:  # one broken system is reported, the others still run
                 errors[name] = f"{type(e).__name__}: {e}"
                 print(f"[learning] {name} failed: {errors[name]}", file=sys.stderr, flush=True)

@@ -99,6 +99,24 @@ def test_bad_arguments_are_named() -> None:
     assert proc.returncode != 0 and "foo" in proc.stderr
 
 
+def test_trl_runs_on_the_threads_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's runner gets --trl-threads (default every core, as agentrl's learner), not a fixed 1."""
+    runner_python = tmp_path / "python"
+    runner_python.touch()
+    monkeypatch.setattr(learning, "TRL_PYTHON", runner_python)
+    monkeypatch.setattr("agentrl.models.resolve_model", lambda name: tmp_path)
+    commands = []
+
+    def run(cmd, **kwargs):
+        commands.append(cmd)
+        raise subprocess.TimeoutExpired(cmd, 0)  # no result file: run_trl names the failure
+
+    monkeypatch.setattr(learning.subprocess, "run", run)
+    with pytest.raises(RuntimeError):
+        learning.run_trl(learning.Settings(), tmp_path, threads=3)
+    assert commands[0][commands[0].index("--threads") + 1] == "3"
+
+
 @pytest.mark.slow
 def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
     """The real thing, smallest: agentrl's laptop default (`global-async`) and `sync` backends, real
