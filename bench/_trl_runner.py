@@ -110,7 +110,7 @@ def main() -> int:
         learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=s["grad_clip"],
         beta=0.0, epsilon=s["clip_low"], epsilon_high=s["clip_high"], loss_type="dapo", scale_rewards="group",
-        gradient_checkpointing=False,  # TRL's default is on; agentrl's learner does not checkpoint
+        gradient_checkpointing=False,  # TRL's default is on; bench/learning.py turns agentrl's off too
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, fp16=False,
         seed=s["seed"], data_seed=s["seed"], disable_tqdm=True, dataloader_num_workers=0,
         model_init_kwargs={"dtype": "float32"},

@@ -245,6 +245,9 @@ def agentrl_config(s: Settings, backend: str) -> Any:
         "trainer.weight_decay=0.0", "trainer.warmup_steps=0", "trainer.advantage=grpo", "trainer.loss=ppo",
         "trainer.loss_agg=token-mean", "trainer.kl_coef=0.0", "engine.max_batch_size=16",
         "trainer.dtype=float32",  # TRL's GRPOTrainer runs fp32 here (_trl_runner.py): the same precision
+        # as TRL's gradient_checkpointing=False: at 8 rows of ~250 tokens the activations are small, and
+        # the default (True, for long rows) recomputes every layer in the backward
+        "trainer.activation_checkpointing=false",
     ])
 
 
