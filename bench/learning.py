@@ -270,8 +270,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     staleness: list[float] = []
     # seconds a step spends per phase: waiting for whole groups (generation not hidden by overlap),
     # the update, the weight push, the barrier until the engine runs the new version
-    phases: dict[str, list[float]] = {"wait": [], "learn": [], "push": [], "barrier": []}
     phase_keys = {"wait": "trainer_wait_s", "learn": "learn_s", "push": "push_stall_s", "barrier": "weight_sync_s"}
+    phases: dict[str, list[float]] = {name: [] for name in phase_keys}
     # A batch whose every group has one reward (all solved, say) has no advantage: agentrl skips its
     # update (the version stays), TRL still runs one (with a zero policy gradient). Such a step counts
     # in `steps_per_hour`; `signal_steps_per_hour` counts only the steps with an advantage.
@@ -307,7 +307,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         await engine.close()
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
-            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": torch.get_num_threads(),  # the learner's
+            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": torch.get_num_threads(),  # the default the learner's thread gets
             **({"timed_out_after_s": limit} if timed_out else {})}
 
 
