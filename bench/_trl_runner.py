@@ -42,6 +42,24 @@ class Grader:
         self.proc.wait(timeout=30)
 
 
+def grpo_config_kwargs(s: dict[str, Any], work: Path) -> dict[str, Any]:
+    """GRPOConfig's arguments from bench/learning.py's Settings (as a dict): the shared settings in
+    TRL's names, and the precision agentrl's learner gets (bf16 autocast over fp32 weights, or fp32)."""
+    batch = s["group_size"] * s["prompts_per_step"]
+    return dict(
+        output_dir=str(work / "trl"), max_steps=100000, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1, num_generations=s["group_size"], steps_per_generation=1, num_iterations=1,
+        max_completion_length=s["max_tokens"], temperature=s["temperature"], top_p=1.0,
+        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=s["grad_clip"],
+        beta=0.0, epsilon=s["clip_low"], epsilon_high=s["clip_high"], loss_type="dapo", scale_rewards="group",
+        gradient_checkpointing=False,  # TRL's default is on; bench/learning.py turns agentrl's off too
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=s["dtype"] == "bfloat16", fp16=False,
+        seed=s["seed"], data_seed=s["seed"], disable_tqdm=True, dataloader_num_workers=0,
+        model_init_kwargs={"dtype": "float32"},  # master weights fp32, as agentrl's; bf16 is autocast
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     for name in ("--model", "--data", "--out", "--work", "--settings", "--grader"):
@@ -102,19 +120,7 @@ def main() -> int:
             if time.perf_counter() - start["t"] >= s["budget_s"]:
                 control.should_training_stop = True
 
-    batch = s["group_size"] * s["prompts_per_step"]
-    config = GRPOConfig(
-        output_dir=str(Path(args.work) / "trl"), max_steps=100000, per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1, num_generations=s["group_size"], steps_per_generation=1, num_iterations=1,
-        max_completion_length=s["max_tokens"], temperature=s["temperature"], top_p=1.0,
-        learning_rate=s["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=s["grad_clip"],
-        beta=0.0, epsilon=s["clip_low"], epsilon_high=s["clip_high"], loss_type="dapo", scale_rewards="group",
-        gradient_checkpointing=False,  # TRL's default is on; bench/learning.py turns agentrl's off too
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, fp16=False,
-        seed=s["seed"], data_seed=s["seed"], disable_tqdm=True, dataloader_num_workers=0,
-        model_init_kwargs={"dtype": "float32"},
-    )
+    config = GRPOConfig(**grpo_config_kwargs(s, Path(args.work)))
     dataset = load_dataset("json", data_files=args.data, split="train")
     trainer = GRPOTrainer(model=args.model, reward_funcs=code_reward, args=config, train_dataset=dataset,
                           callbacks=[Budget()])

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, ROOT, emit, load_average, machine_info, utc_now
 
 from agentrl.evaluate import wilson_interval
+from agentrl.models import autocast_dtype
 
 SYSTEMS = ("global-async", "sync", "laminar", "trl")
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
@@ -72,6 +73,9 @@ class Settings:
     clip_high: float = 0.28  # DAPO clip-higher (TRL epsilon_high)
     grad_clip: float = 1.0
     checkpoints: int = 6  # reward reported at budget/6, 2·budget/6, ...
+    # Forward/backward precision of both learners (and of agentrl's engine, which follows its trainer):
+    # bfloat16 autocast over fp32 master weights and Adam (TRL bf16=True), or float32 (--dtype)
+    dtype: str = "float32"
 
 
 DIFFERENCES = [
@@ -80,11 +84,14 @@ DIFFERENCES = [
     "two Python threads. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
     "generation: agentrl's HF engine (continuous batching of the 8 requests); TRL model.generate on the batch "
     "of 8 (no vLLM on this CPU), gradient checkpointing off in both",
-    "agentrl: decoupled PPO (π_prox recomputed per batch) + truncated IS (cap 2) on behaviour log-probs; "
+    "precision (--dtype): both bf16 autocast over fp32 master weights and fp32 AdamW moments, or both fp32; "
+    "agentrl's engine samples in its trainer's precision, TRL's model.generate runs under its Trainer's autocast",
+    "agentrl: decoupled PPO (π_prox = the training forward's detached log-probs: one mini-batch) + truncated IS "
+    "(cap 2) on behaviour log-probs; "
     "TRL: GRPO with one iteration per generation batch, so its ratio is 1 at the update",
     "agentrl token-mean loss over the global batch; TRL loss_type='dapo' (the same token-level normalisation)",
     "both: GRPO advantages (group mean / std), no KL (TRL beta=0), grad clip 1.0, constant LR",
-    "prompt order: agentrl's prompt pool shuffles with seed 0; TRL's sampler shuffles with seed 0 (different orders)",
+    "prompt order: agentrl's prompt pool and TRL's sampler each shuffle with --seed (different orders)",
 ]
 
 
@@ -244,7 +251,7 @@ def agentrl_config(s: Settings, backend: str) -> Any:
         f"trainer.micro_batch_size={s.group_size * s.prompts_per_step}", f"trainer.seed={s.seed}",
         "trainer.weight_decay=0.0", "trainer.warmup_steps=0", "trainer.advantage=grpo", "trainer.loss=ppo",
         "trainer.loss_agg=token-mean", "trainer.kl_coef=0.0", "engine.max_batch_size=16",
-        "trainer.dtype=float32",  # TRL's GRPOTrainer runs fp32 here (_trl_runner.py): the same precision
+        f"trainer.dtype={s.dtype}",  # TRL's GRPOTrainer gets the same (_trl_runner.py: bf16=True or not)
         # as TRL's gradient_checkpointing=False: at 8 rows of ~250 tokens the activations are small, and
         # the default (True, for long rows) recomputes every layer in the backward
         "trainer.activation_checkpointing=false",
@@ -477,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
                     help="TRL's torch threads (default: every core, as agentrl's learner gets torch's default; "
                          "until stop 50 TRL ran on 1)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="both learners' precision; auto: bfloat16 autocast where the CPU multiplies bf16 natively "
+                         "(AVX512-BF16 or AMX, agentrl's default), else float32 (until stop 51 pinned to float32)")
     ap.add_argument("--grade-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -496,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--lr must be > 0, got {args.lr}")
     s = Settings(budget_s=budget, lr=args.lr, max_tokens=max_tokens, difficulty=args.difficulty,
                  num_tasks=args.num_tasks, seed=args.seed, group_size=args.group_size,
-                 prompts_per_step=args.prompts_per_step)
+                 prompts_per_step=args.prompts_per_step,
+                 dtype=args.dtype if args.grade_server else autocast_dtype(args.dtype, "cpu"))  # the server needs no torch
     if args.grade_server:
         grade_server(s)
         return 0

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def _load(name: str):
 
 learning = _load("learning")
 run_all = _load("run_all")
+_trl_runner = _load("_trl_runner")
 
 
 def test_rewards_at_checkpoints_windows_and_weights() -> None:
@@ -117,6 +119,15 @@ def test_trl_runs_on_the_threads_asked_for(tmp_path: Path, monkeypatch: pytest.M
     assert commands[0][commands[0].index("--threads") + 1] == "3"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_both_learners_train_in_the_precision_asked_for(dtype: str, tmp_path: Path) -> None:
+    """--dtype reaches agentrl's trainer (and so its engine) and TRL's GRPOConfig alike."""
+    s = learning.Settings(dtype=dtype)
+    assert learning.agentrl_config(s, "global-async").trainer.dtype == dtype
+    kwargs = _trl_runner.grpo_config_kwargs(json.loads(json.dumps(asdict(s))), tmp_path)  # as the runner gets it
+    assert kwargs["bf16"] is (dtype == "bfloat16") and kwargs["model_init_kwargs"] == {"dtype": "float32"}
+
+
 @pytest.mark.slow
 def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
     """The real thing, smallest: agentrl's laptop default (`global-async`) and `sync` backends, real
@@ -139,4 +150,5 @@ def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
         assert system["learn_s_mean"] > 0 and min(system[f"{p}_s_mean"] for p in ("wait", "push", "barrier")) >= 0
         assert points[name]
     assert record["settings"]["budget_s"] == 20 and record["load_avg_before"] is not None
+    assert record["settings"]["dtype"] in ("bfloat16", "float32")  # --dtype auto resolved before the runs
     assert (tmp_path / "learning.png").stat().st_size > 1000
