@@ -79,6 +79,7 @@ def main() -> int:
     grader = Grader(json.loads(args.grader))
     points: list[list[float]] = []
     step_times: list[float] = []  # TRL's own step_time: generation + grading + update
+    completion_lengths: list[float] = []  # per step, TRL's completions/mean_length (tokens per completion)
     # Steps whose batch carries an advantage (some group's rewards differ: TRL's frac_reward_zero_std
     # < 1). TRL runs its update on every batch, but on the others the policy gradient is zero.
     signal_times: list[float] = []
@@ -90,8 +91,9 @@ def main() -> int:
     def write_result(done: bool) -> None:
         """Written after every step, so a run killed mid-step still leaves its curve."""
         step_s = round(sum(step_times) / len(step_times), 3) if step_times else None
+        length = round(sum(completion_lengths) / len(completion_lengths), 2) if completion_lengths else None
         Path(args.out).write_text(json.dumps({"points": points, "signal_times": signal_times, "done": done,
-                                              "step_s_mean": step_s,
+                                              "step_s_mean": step_s, "completion_tokens_mean": length,
                                               "wall_s": round(time.perf_counter() - start["t"], 1), **facts}))
 
     def code_reward(prompts: list[Any], completions: list[Any], task_id: list[str], **_: Any) -> list[float]:
@@ -112,6 +114,8 @@ def main() -> int:
                     signal_times.append(round(t, 2))
                 if "step_time" in logs:
                     step_times.append(float(logs["step_time"]))
+                if "completions/mean_length" in logs:
+                    completion_lengths.append(float(logs["completions/mean_length"]))
                 write_result(False)
                 print(f"[trl] step {state.global_step} t={t:.0f}s reward={logs['reward']:.3f}", file=sys.stderr,
                       flush=True)

@@ -275,6 +275,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     engine = make_engine(cfg)
     points: list[Point] = []
     staleness: list[float] = []
+    completion_tokens: list[float] = []  # per trajectory: what the policy sampled (TRL's completions/mean_length)
     # seconds a step spends per phase: waiting for whole groups (generation not hidden by overlap),
     # the update, the weight push, the barrier until the engine runs the new version
     phase_keys = {"wait": "trainer_wait_s", "learn": "learn_s", "push": "push_stall_s", "barrier": "weight_sync_s"}
@@ -291,6 +292,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         t = time.perf_counter() - t0
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
+        completion_tokens.extend(t.num_policy_tokens for g in rec["batch"] for t in g.trajectories)
         for name, key in phase_keys.items():
             phases[name].append(float(rec[key]))
         if rec["version"] != version:  # the learner stepped: the batch had an advantage
@@ -313,7 +315,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     finally:
         await engine.close()
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
-            "staleness_mean": _mean(staleness), **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
+            "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
+            **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)", "torch_threads": torch.get_num_threads(),  # the default the learner's thread gets
             **({"timed_out_after_s": limit} if timed_out else {})}
 
@@ -450,7 +453,7 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
             **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "push_s_mean", "barrier_s_mean",
-                                  "step_s_mean", "trl_version", "transformers_version", "torch_threads",
+                                  "step_s_mean", "completion_tokens_mean", "trl_version", "transformers_version", "torch_threads",
                                   "timed_out_after_s")
                 if r.get(k) is not None}),
         }
