@@ -292,7 +292,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         t = time.perf_counter() - t0
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
-        completion_tokens.extend(t.num_policy_tokens for g in rec["batch"] for t in g.trajectories)
+        completion_tokens.extend(traj.num_policy_tokens for g in rec["batch"] for traj in g.trajectories)
         for name, key in phase_keys.items():
             phases[name].append(float(rec[key]))
         if rec["version"] != version:  # the learner stepped: the batch had an advantage
