@@ -42,6 +42,10 @@ class Grader:
         self.proc.wait(timeout=30)
 
 
+def _mean(xs: list[float], digits: int) -> float | None:
+    return round(sum(xs) / len(xs), digits) if xs else None
+
+
 def grpo_config_kwargs(s: dict[str, Any], work: Path) -> dict[str, Any]:
     """GRPOConfig's arguments from bench/learning.py's Settings (as a dict): the shared settings in
     TRL's names, and the precision agentrl's learner gets (bf16 autocast over fp32 weights, or fp32)."""
@@ -90,10 +94,9 @@ def main() -> int:
 
     def write_result(done: bool) -> None:
         """Written after every step, so a run killed mid-step still leaves its curve."""
-        step_s = round(sum(step_times) / len(step_times), 3) if step_times else None
-        length = round(sum(completion_lengths) / len(completion_lengths), 2) if completion_lengths else None
         Path(args.out).write_text(json.dumps({"points": points, "signal_times": signal_times, "done": done,
-                                              "step_s_mean": step_s, "completion_tokens_mean": length,
+                                              "step_s_mean": _mean(step_times, 3),
+                                              "completion_tokens_mean": _mean(completion_lengths, 2),
                                               "wall_s": round(time.perf_counter() - start["t"], 1), **facts}))
 
     def code_reward(prompts: list[Any], completions: list[Any], task_id: list[str], **_: Any) -> list[float]:

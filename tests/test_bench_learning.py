@@ -146,8 +146,8 @@ def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
         assert 0.0 <= system["reward_first_batch"] <= 1.0
         assert len(system["reward_at"]) == 6
         assert 0 <= system["signal_steps_per_hour"] <= system["steps_per_hour"]
-        # a step's seconds, split: waiting for groups, the update, the push, the barrier
         assert 0 < system["completion_tokens_mean"] <= 32  # --max-tokens
+        # a step's seconds, split: waiting for groups, the update, the push, the barrier
         assert system["learn_s_mean"] > 0 and min(system[f"{p}_s_mean"] for p in ("wait", "push", "barrier")) >= 0
         assert points[name]
     assert record["settings"]["budget_s"] == 20 and record["load_avg_before"] is not None
