@@ -138,7 +138,10 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
             RolloutWorker, name, engine, env_factory, relay=relays[i % len(relays)], prompts=prompts,
             buffer=buffer, partial=partial, sampling=sampling, rollout_kwargs=rollout_kwargs,
             groups_per_batch=per_worker, kv_capacity_tokens=cfg.rollout.concurrency * cfg.rollout.max_context_tokens,
-            fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name, resources=worker_res)
+            fetch_policy=lam.fetch_policy, portable_state=rt.kind == "ray", name=name, resources=worker_res,
+            # one-step-off releases the batch after next on unchanged weights (`_train`): a busy
+            # worker starts it beside the current one, up to rollout.concurrency trajectories
+            top_up_trajectories=cfg.rollout.concurrency if backend == "global-async" else 0)
     if nodes:  # Ray placed each worker by its resources: point it at its node's relay
         try:
             where = await asyncio.wait_for(asyncio.gather(*(w.node() for w in workers.values())),
@@ -357,6 +360,16 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         await share_first_snapshot(system, v)
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
+    released = 1  # batches released so far (sync, global-async)
+
+    async def release_through(last: int) -> None:
+        """global-async: release batches up to index `last` (never past the final step's: a batch
+        nobody trains on would take cores from the last update), on the current weights."""
+        nonlocal released
+        while released <= min(last, steps - 1):
+            await system.prompts.allow(batch_groups, min_version=v)
+            released += 1
+
     records: list[dict[str, Any]] = []
     for step in range(steps):
         t0 = time.perf_counter()
@@ -364,14 +377,15 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         groups, dapo = await sample_batch(system, batch_groups, wait_timeout_s, dynamic_sampling,
                                           max_gen_batches, release_more=backend != "laminar", guide=guide)
         wait_s = time.perf_counter() - t0
-        if backend != "laminar":
+        ahead = backend == "global-async" and released > step + 1  # the next batch is out already
+        if backend != "laminar" and not ahead:  # (its trajectories may extend kept prefixes)
             await drop_finished_prefixes(system)  # before the next batch is released
         # The cursors to resume from (taken before the next batch is released: on `sync` they
-        # point exactly past this batch; on `laminar` the groups in flight now are skipped).
+        # point exactly past this batch; on `laminar`, and on `global-async` when `ahead`, the
+        # groups in flight now are skipped).
         resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.state_dict()}
-        if backend == "global-async" and step < steps - 1:  # the next batch overlaps this update
-            # (not after the last: a batch nobody trains on would take cores from the final update)
-            await system.prompts.allow(batch_groups, min_version=v)
+        if backend == "global-async":  # the next batch overlaps this update
+            await release_through(step + 1)
         t1 = time.perf_counter()
         metrics = await asyncio.to_thread(_learn, learner, groups, mmap_threshold)
         learn_s = time.perf_counter() - t1
@@ -393,6 +407,14 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         mark_phase("rollout")
         if backend == "sync":  # also after a skipped step (nothing trainable): the run must go on
             await system.prompts.allow(batch_groups, min_version=v)
+        elif backend == "global-async":
+            # One-step-off's bound: a batch is generated at most one update before it is trained.
+            # Every step before step + 1 is done, so the batch after next, released now on the
+            # current weights, sees at most step + 1's update before its own step. After an update
+            # the barrier has drained the next batch, so this only starts what the following step
+            # would have; after a skipped update (every group's rewards equal) the next batch may
+            # still be generating, and the two share the engine's decode steps.
+            await release_through(step + 2)
         await system.manager.trigger()
         trajs = [t for g in groups for t in g.trajectories if not t.demonstrated]  # the policy's own
         stale = [t.staleness for t in trajs if t.staleness is not None]

@@ -112,13 +112,19 @@ class RolloutWorker:
                  sampling: SamplingParams | None = None, rollout_kwargs: dict[str, Any] | None = None,
                  groups_per_batch: int = 2, kv_capacity_tokens: int = 16384,
                  fetch_policy: FetchPolicy = "wait_inflight", portable_state: bool = False,
-                 idle_poll_s: float = 0.05) -> None:
+                 idle_poll_s: float = 0.05, top_up_trajectories: int = 0) -> None:
         """`engine` is an InferenceEngine, or a zero-argument factory (a Ray actor builds its
-        own). `rollout_kwargs` go to RolloutEngine (concurrency, max_context_tokens, ...)."""
+        own). `rollout_kwargs` go to RolloutEngine (concurrency, max_context_tokens, ...).
+        `top_up_trajectories` > 0: while busy, also take released groups at the version held, up to
+        that many trajectories in flight (`global-async`, whose trainer releases the next batch on
+        the same weights while this one runs: one decode batch of both costs little more than
+        one); 0 (Laminar): take work only when empty, right after pulling the newest weights."""
         if groups_per_batch < 1:
             raise ValueError(f"groups_per_batch must be >= 1, got {groups_per_batch}")
         if kv_capacity_tokens < 1:
             raise ValueError(f"kv_capacity_tokens must be >= 1, got {kv_capacity_tokens}")
+        if top_up_trajectories < 0:
+            raise ValueError(f"top_up_trajectories must be >= 0 (0: off), got {top_up_trajectories}")
         self.id = worker_id
         self._engine_or_factory = engine
         self.env_factory = env_factory
@@ -130,6 +136,7 @@ class RolloutWorker:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.fetch_policy = fetch_policy
         self.idle_poll_s = idle_poll_s
+        self.top_up_trajectories = top_up_trajectories
         self.engine: InferenceEngine | None = None
         self.runner: EngineRunner | None = None
         self._inflight: dict[str, GroupSpec] = {}  # traj id -> its group
@@ -203,13 +210,23 @@ class RolloutWorker:
     # -- the two loops -------------------------------------------------------------------------
 
     async def _drive(self) -> None:
-        """Empty → pull weights → take a batch → wait until empty again."""
+        """Empty → pull weights → take a batch → wait until empty again (topping up meanwhile,
+        at the version held, where `top_up_trajectories` allows)."""
         while True:
-            if self._inflight or self._held:
+            room = self._top_up_room()
+            if self._held or (self._inflight and room == 0):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             t0 = time.perf_counter()
+            if self._inflight:  # busy, with room: no pull (every token of a trajectory has one version)
+                specs = await self.prompts.take(room, self.version)
+                if specs:
+                    self.stats["groups_taken"] += len(specs)
+                    await self._launch([(tid, s) for s in specs for tid in s.traj_ids], self.version)
+                else:  # a release wakes this at once; a trajectory leaving, within a poll
+                    await self.prompts.wait_change(self.idle_poll_s)
+                continue
             await self._pull()
             specs = await self.prompts.take(self.groups_per_batch, self.version)
             if not specs:
@@ -220,6 +237,13 @@ class RolloutWorker:
             self.stats["groups_taken"] += len(specs)
             self._peak = 0.0
             await self._launch([(tid, s) for s in specs for tid in s.traj_ids], self.version)
+
+    def _top_up_room(self) -> int:
+        """Whole groups that fit beside the trajectories in flight under `top_up_trajectories`."""
+        if not self._inflight or self.top_up_trajectories == 0:
+            return 0
+        group_size = next(iter(self._inflight.values())).size
+        return max(0, self.top_up_trajectories - len(self._inflight)) // group_size
 
     async def _collect(self) -> None:
         assert self.runner is not None
@@ -239,7 +263,7 @@ class RolloutWorker:
             except ValueError as e:  # never kill the worker for one bad trajectory
                 self.stats["errors"].append(str(e))
             await self.partial.close(traj.id)
-            if not self._inflight:
+            if not self._inflight or self.top_up_trajectories:  # empty, or maybe room to top up
                 self._wake.set()
 
     async def _pull(self) -> None:

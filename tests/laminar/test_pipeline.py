@@ -155,6 +155,72 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     assert mapped_steps == ([128 << 10] * 4 if backend == "sync" else [])
 
 
+class EveryOtherLearner(FakeLearner):
+    """Updates on even steps only: an odd step's batch has no advantage (every group's rewards
+    equal), so the weights and the version stay, as `Learner.nothing_to_learn` does."""
+
+    def step(self, groups):
+        metrics = super().step(groups)
+        if len(self.seen) % 2 == 0:
+            self.version -= 1
+        return metrics
+
+
+async def test_one_step_off_starts_the_batch_after_next_beside_the_next_when_an_update_is_skipped(tokenizer):
+    # room for two batches (rollout.concurrency 8, 4 trajectories a batch); long multi-turn
+    # trajectories keep a batch generating while the trainer finishes a step
+    _cfg, system, engines, _ = await _system(tokenizer, "global-async", n_workers=1,
+                                             tasks=tail_tasks(4, long_turns=4, tool_s=0.05),
+                                             **{"rollout.concurrency": 8})
+    engine, active, peak = engines[0], [0], [0]
+    real = engine.generate
+
+    async def generate(*args, **kwargs):  # trajectories mid-generation at once (one call each)
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            active[0] -= 1
+
+    engine.generate = generate
+    learner = EveryOtherLearner()
+    try:
+        summary = await asyncio.wait_for(train(system, learner, steps=6, batch_groups=2), 60)
+    finally:
+        await shutdown(system)
+    assert summary["final_version"] == 3
+    assert peak[0] > 4  # two batches shared the engine
+    groups = [g for batch in learner.seen for g in batch]
+    check_single_version(groups)
+    consumed = [t.consumed_version - t.version for g in groups for t in g.trajectories]
+    assert max(consumed) == 1  # still one-step-off: at most one update between generation and training
+    assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 6 * 2
+    assert [v for v, _ in engine.loaded] == [1, 2, 3]  # each update loaded once, in order
+
+
+async def test_a_laminar_worker_takes_work_only_when_empty(tokenizer):
+    # the same room for two batches, but Laminar's workers pull the newest weights before new work
+    _cfg, system, _engines, _ = await _system(tokenizer, "laminar", n_workers=1,
+                                             tasks=tail_tasks(4, long_turns=4, tool_s=0.05),
+                                             **{"rollout.concurrency": 8})
+    worker = system.workers["worker0"].obj
+    assert worker.top_up_trajectories == 0
+    inflight_at_take: list[int] = []
+    real_take = system.prompts.obj.take
+
+    async def take(n, version):
+        inflight_at_take.append(len(worker._inflight))
+        return await real_take(n, version)
+
+    system.prompts.obj.take = take
+    try:
+        await asyncio.wait_for(train(system, FakeLearner(), steps=3, batch_groups=2), 60)
+    finally:
+        await shutdown(system)
+    assert inflight_at_take and set(inflight_at_take) == {0}
+
+
 def test_learner_step_mmap_threshold_is_the_configured_one_or_automatic() -> None:
     # automatic: mapped at 128 KiB only where no in-process engine decodes beside the step
     assert learner_mmap_threshold("sync", True, None) == 128 << 10
