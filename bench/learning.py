@@ -82,7 +82,7 @@ DIFFERENCES = [
     "threads: agentrl's learner has torch's default (every core) and its HF engine half the cores (1 on 2), "
     "every core under sync, where they take turns; laminar and global-async decode and train concurrently in "
     "two Python threads. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
-    "generation: agentrl's HF engine (continuous batching of the 8 requests); TRL model.generate on the batch "
+    "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch "
     "of 8 (no vLLM on this CPU), gradient checkpointing off in both",
     "precision (--dtype): both bf16 autocast over fp32 master weights and fp32 AdamW moments, or both fp32; "
     "agentrl's engine samples in its trainer's precision, TRL's model.generate runs under its Trainer's autocast",
@@ -243,7 +243,9 @@ def agentrl_config(s: Settings, backend: str) -> Any:
 
     return load_config(overrides=[
         f"laminar.backend={backend}", "laminar.num_workers=1", f"run.seed={s.seed}",
-        f"rollout.group_size={s.group_size}", f"rollout.concurrency={s.group_size * s.prompts_per_step}",
+        f"rollout.group_size={s.group_size}",
+        # two batches: one-step-off starts the batch after next beside the next when an update is skipped
+        f"rollout.concurrency={2 * s.group_size * s.prompts_per_step}",
         "rollout.max_context_tokens=1024", "rollout.trajectory_timeout_s=600",
         f"sampling.temperature={s.temperature}", f"sampling.max_tokens={s.max_tokens}",
         f"trainer.batch_groups={s.prompts_per_step}", "trainer.steps=100000", f"trainer.lr={s.lr}",
