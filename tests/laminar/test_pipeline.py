@@ -127,6 +127,18 @@ def _record_all_cores(engine) -> list[bool]:
     return calls
 
 
+async def _train_checked(system, learner, steps: int) -> tuple[dict, list[int]]:
+    """Train 2-group batches, shut down; every trained group has one version. Returns the
+    summary and each trained trajectory's staleness (updates between generation and training)."""
+    try:
+        summary = await asyncio.wait_for(train(system, learner, steps=steps, batch_groups=2), 60)
+    finally:
+        await shutdown(system)
+    groups = [g for batch in learner.seen for g in batch]
+    check_single_version(groups)
+    return summary, [t.consumed_version - t.version for g in groups for t in g.trajectories]
+
+
 @pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
 async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
@@ -134,15 +146,8 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     generated_alone = _record_all_cores(engines[0])
     mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
     monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
-    learner = FakeLearner()
-    try:
-        summary = await asyncio.wait_for(train(system, learner, steps=4, batch_groups=2), 60)
-    finally:
-        await shutdown(system)
+    summary, consumed = await _train_checked(system, FakeLearner(), steps=4)
     assert summary["final_version"] == 4
-    groups = [g for batch in learner.seen for g in batch]
-    check_single_version(groups)
-    consumed = [t.consumed_version - t.version for g in groups for t in g.trajectories]
     assert max(consumed) == max_stale
     assert summary["repack_moves"] == 0 or backend == "laminar"
     # stop the world: after each update every engine runs the new version before new work
@@ -184,16 +189,9 @@ async def test_one_step_off_starts_the_batch_after_next_beside_the_next_when_an_
             active[0] -= 1
 
     engine.generate = generate
-    learner = EveryOtherLearner()
-    try:
-        summary = await asyncio.wait_for(train(system, learner, steps=6, batch_groups=2), 60)
-    finally:
-        await shutdown(system)
+    summary, consumed = await _train_checked(system, EveryOtherLearner(), steps=6)
     assert summary["final_version"] == 3
     assert peak[0] > 4  # two batches shared the engine
-    groups = [g for batch in learner.seen for g in batch]
-    check_single_version(groups)
-    consumed = [t.consumed_version - t.version for g in groups for t in g.trajectories]
     assert max(consumed) == 1  # still one-step-off: at most one update between generation and training
     assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 6 * 2
     assert [v for v, _ in engine.loaded] == [1, 2, 3]  # each update loaded once, in order
