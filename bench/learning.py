@@ -82,8 +82,9 @@ DIFFERENCES = [
     "threads: agentrl's learner has torch's default (every core) and its HF engine half the cores (1 on 2), "
     "every core under sync, where they take turns; laminar and global-async decode and train concurrently in "
     "two Python threads. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
-    "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch "
-    "of 8 (no vLLM on this CPU), gradient checkpointing off in both",
+    "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside "
+    "them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch of 8 (no vLLM "
+    "on this CPU), gradient checkpointing off in both",
     "precision (--dtype): both bf16 autocast over fp32 master weights and fp32 AdamW moments, or both fp32; "
     "agentrl's engine samples in its trainer's precision, TRL's model.generate runs under its Trainer's autocast",
     "agentrl: decoupled PPO (π_prox = the training forward's detached log-probs: one mini-batch) + truncated IS "

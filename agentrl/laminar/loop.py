@@ -6,7 +6,8 @@ Laminar (arXiv 2510.12633) §3.2 steps ①–⑧; algorithms.md §1.2, §1.5. On
   trainer samples whole groups → `learner.step` → pushes to the master relay → goes on at once.
 - `global-async` (one-step-off, stop-the-world update): batch k+1 is released, generated with
   the current weights while the trainer trains on batch k; after the push every worker must
-  drain and load the new weights before anything else is released (a global barrier).
+  drain and load the new weights before anything else is released (a global barrier). When step
+  k ends, batch k+2 is released too: after a skipped update it runs beside batch k+1.
 - `sync` (verl-like): release a batch, wait for it, train, update every engine, repeat.
 
     summary = run_training(cfg, env_factory, tasks, learner, engines, on_step=print)
@@ -360,7 +361,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         await share_first_snapshot(system, v)
     await system.buffer.set_version(v)
     await system.prompts.allow(None if backend == "laminar" else batch_groups, min_version=v)
-    released = 1  # batches released so far (sync, global-async)
+    released = 1  # batches released so far (global-async counts them)
 
     async def release_through(last: int) -> None:
         """global-async: release batches up to index `last` (never past the final step's: a batch

@@ -3,9 +3,9 @@
 All G samples of a task form one group and go to one worker. With a `balance_key` (a task field,
 e.g. a question kind) the order takes turns over that field's values, so RL trains on every kind
 as often as a held-out set that mixes kinds evenly asks about it, not in proportion to how many
-tasks each kind has. A *quota* lets the baselines
-(`sync`, `global-async`) release exactly one batch at a time and require a minimum weight
-version of the worker that takes it; Laminar leaves the quota open.
+tasks each kind has. A *quota* lets the baselines release whole batches (`sync` one at a time,
+`global-async` up to two ahead of the trainer) and require a minimum weight version of the worker
+that takes it; Laminar leaves the quota open.
 """
 
 from __future__ import annotations

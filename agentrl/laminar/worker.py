@@ -218,15 +218,14 @@ class RolloutWorker:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            t0 = time.perf_counter()
             if self._inflight:  # busy, with room: no pull (every token of a trajectory has one version)
                 specs = await self.prompts.take(room, self.version)
                 if specs:
-                    self.stats["groups_taken"] += len(specs)
-                    await self._launch([(tid, s) for s in specs for tid in s.traj_ids], self.version)
+                    await self._start_groups(specs)
                 else:  # a release wakes this at once; a trajectory leaving, within a poll
                     await self.prompts.wait_change(self.idle_poll_s)
                 continue
+            t0 = time.perf_counter()
             await self._pull()
             specs = await self.prompts.take(self.groups_per_batch, self.version)
             if not specs:
@@ -234,9 +233,13 @@ class RolloutWorker:
                 self.stats["idle_s"] += time.perf_counter() - t0
                 continue
             self.stats["idle_s"] += time.perf_counter() - t0
-            self.stats["groups_taken"] += len(specs)
             self._peak = 0.0
-            await self._launch([(tid, s) for s in specs for tid in s.traj_ids], self.version)
+            await self._start_groups(specs)
+
+    async def _start_groups(self, specs: list[GroupSpec]) -> None:
+        """Generate every trajectory of the groups taken, at the version held."""
+        self.stats["groups_taken"] += len(specs)
+        await self._launch([(tid, s) for s in specs for tid in s.traj_ids], self.version)
 
     def _top_up_room(self) -> int:
         """Whole groups that fit beside the trajectories in flight under `top_up_trajectories`."""
