@@ -93,3 +93,11 @@ def test_the_engine_names_an_unknown_sampler_before_loading_anything():
 
     with pytest.raises(ValueError, match="sampler must be one of gumbel_max, inverse_cdf, multinomial"):
         HFEngine("/nonexistent/model", sampler="gumbel")
+
+
+def test_processed_logprobs_scale_each_row_by_its_temperature_and_greedy_rows_by_one() -> None:
+    logits = torch.tensor([[2.0, 1.0, -1.0], [0.5, 0.0, 3.0], [1.0, 2.0, 3.0]])
+    logp = processed_logprobs(logits, torch.tensor([1.0, 0.5, 0.0]), torch.ones(3))
+    expected = torch.log_softmax(logits / torch.tensor([[1.0], [0.5], [1.0]]), dim=-1)
+    assert torch.allclose(logp, expected)
+    assert torch.equal(processed_logprobs(logits, torch.ones(3), torch.ones(3)), torch.log_softmax(logits, dim=-1))

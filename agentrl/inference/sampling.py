@@ -23,7 +23,9 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     """
     logits = logits.float()
     temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).float()
-    logp = torch.log_softmax(logits / temp[:, None], dim=-1)
+    if not bool((temp == 1).all()):  # x / 1 is x: skip a B x V division a decode step at temperature 1
+        logits = logits / temp[:, None]
+    logp = torch.log_softmax(logits, dim=-1)
     if bool((top_p >= 1).all()):
         return logp
     sorted_logp, order = logp.sort(dim=-1, descending=True)

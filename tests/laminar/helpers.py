@@ -120,12 +120,14 @@ class FakeLearner:
         self.version = 0
         self.train_s = train_s
         self.seen: list[list[Group]] = []
+        self.threads: list[int] = []  # the intra-op threads each step ran on
 
     def step(self, groups: list[Group]) -> dict[str, float]:
         import time
 
         time.sleep(self.train_s)
         self.seen.append(groups)
+        self.threads.append(torch.get_num_threads())
         self.version += 1
         return {"loss": 0.0, "version": float(self.version)}
 

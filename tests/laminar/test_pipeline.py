@@ -3,10 +3,19 @@ engine and a fake learner (logic tests; test_integration.py uses the real model 
 
 import asyncio
 import contextlib
+import os
 
 import pytest
+import torch
 
-from agentrl.laminar.loop import build_system, learner_mmap_threshold, resolve_backend, shutdown, train
+from agentrl.laminar.loop import (
+    build_system,
+    learner_mmap_threshold,
+    learner_threads,
+    resolve_backend,
+    shutdown,
+    train,
+)
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
@@ -144,10 +153,15 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
                                              n_workers=1)
     generated_alone = _record_all_cores(engines[0])
+    engines[0].num_threads = 1  # as HFEngine's on 2 cores: the learner takes the rest beside it
     mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
     monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
-    summary, consumed = await _train_checked(system, FakeLearner(), steps=4)
+    learner = FakeLearner()
+    summary, consumed = await _train_checked(system, learner, steps=4)
     assert summary["final_version"] == 4
+    # taking turns, the learner keeps torch's pool; beside the decoding engine, the cores it leaves
+    cores = os.cpu_count() or 1
+    assert learner.threads == [torch.get_num_threads() if backend == "sync" else max(1, cores - 1)] * 4
     assert max(consumed) == max_stale
     assert summary["repack_moves"] == 0 or backend == "laminar"
     # stop the world: after each update every engine runs the new version before new work
@@ -217,6 +231,14 @@ async def test_a_laminar_worker_takes_work_only_when_empty(tokenizer):
     finally:
         await shutdown(system)
     assert inflight_at_take and set(inflight_at_take) == {0}
+
+
+def test_learner_threads_are_the_cores_the_engines_leave_where_they_decode_beside_the_step() -> None:
+    assert learner_threads("global-async", 1, 2) == 1
+    assert learner_threads("laminar", 2, 8) == 6
+    assert learner_threads("laminar", 4, 2) == 1  # never none
+    assert learner_threads("sync", 1, 2) is None  # taking turns: every core
+    assert learner_threads("global-async", 0, 2) is None  # no in-process engine (Ray, remote)
 
 
 def test_learner_step_mmap_threshold_is_the_configured_one_or_automatic() -> None:
