@@ -79,9 +79,9 @@ class Settings:
 
 
 DIFFERENCES = [
-    "threads: agentrl's learner has torch's default (every core) and its HF engine half the cores (1 on 2), "
-    "every core under sync, where they take turns; laminar and global-async decode and train concurrently in "
-    "two Python threads. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
+    "threads: agentrl's HF engine decodes on half the cores (1 on 2) and its learner trains on the rest "
+    "(loop.learner_threads; torch's default, every core, until stop 53); under sync, where they take turns, "
+    "each has every core. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
     "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside "
     "them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch of 8 (no vLLM "
     "on this CPU), gradient checkpointing off in both",
@@ -266,7 +266,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     import torch
 
     from agentrl.inference import make_engine
-    from agentrl.laminar.loop import run_training_async
+    from agentrl.laminar.loop import learner_threads, run_training_async
     from agentrl.models import resolve_model
     from agentrl.trainer.learner import Learner
 
@@ -320,7 +320,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
-            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": torch.get_num_threads(),  # the default the learner's thread gets
+            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": learner_threads(backend, engine.num_threads, os.cpu_count() or 1) or torch.get_num_threads(),
             **({"timed_out_after_s": limit} if timed_out else {})}
 
 
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-tasks", type=int, default=Settings.num_tasks)
     ap.add_argument("--seed", type=int, default=Settings.seed)
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
-                    help="TRL's torch threads (default: every core, as agentrl's learner gets torch's default; "
+                    help="TRL's torch threads (default: every core, as each of agentrl's sync phases; "
                          "until stop 50 TRL ran on 1)")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="both learners' precision; auto: bfloat16 autocast where the CPU multiplies bf16 natively "
