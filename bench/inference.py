@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentrl.inference.base import SamplingParams
+from agentrl.inference.base import SamplingParams, torch_threads
 from agentrl.inference.hf import HFEngine
 from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
@@ -79,11 +79,9 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
                 "bf16_packed+sdpa_gqa+in_place_cache": ("bf16_packed", growing_cache)}
     config = models["sdpa"].config
     kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the engine on a 2-core machine (HFEngine.num_threads)
     best: dict[str, float] = {}
     logits: dict[str, torch.Tensor] = {}
-    try:
+    with torch_threads(1):  # as the engine on a 2-core machine (HFEngine.num_threads)
         for _ in range(rounds):
             for name, (impl, make_cache) in variants.items():
                 torch.manual_seed(0)
@@ -105,8 +103,6 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
                                            past_key_values=cache, use_cache=True)
                 best[name] = min(best.get(name, float("inf")), (time.process_time() - start) / steps)
                 logits[name] = out.logits[:, -1]
-    finally:
-        torch.set_num_threads(previous)
     engine = "sdpa_gqa+in_place_cache"
     return {"decode_rows": rows, "decode_context": context,
             "decode_step_cpu_s": {k: round(v, 4) for k, v in best.items()},

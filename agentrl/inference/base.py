@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,22 @@ class InferenceEngine(Protocol):
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on `threads` intra-op threads (None: as set), restored after it. OpenMP's
+    count is per thread, so this sets the calling thread's pool only: an engine's or a learner's
+    worker thread, not the other's."""
+    if threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def all_cores(engine: Any) -> contextlib.AbstractContextManager[Any]:

@@ -50,7 +50,7 @@ from transformers.cache_utils import DynamicLayer
 
 from agentrl.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
-from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.inference.base import GenerateOutput, SamplingParams, torch_threads
 from agentrl.inference.kv_cache import drop_leading, growing_cache, stack_rows, truncate_cache
 from agentrl.inference.ngram import propose_continuation
 from agentrl.inference.packed_linear import keep_linear_weights
@@ -451,13 +451,8 @@ class HFEngine:
     def _step(self, admitted: list[_Request]) -> list[_Request]:
         """Prefill `admitted`, decode one token for the running batch, merge, drop finished rows."""
         start = time.perf_counter()
-        previous = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads)  # this thread's pool; restored below (see __init__)
-        try:
-            with self._precision():
-                finished = self._step_locked(admitted)
-        finally:
-            torch.set_num_threads(previous)
+        with torch_threads(self.num_threads), self._precision():  # this thread's pool only (see __init__)
+            finished = self._step_locked(admitted)
         self.metrics["forward_s"] += time.perf_counter() - start
         if self._trim_due(bool(admitted or finished)):
             start = time.perf_counter()

@@ -26,11 +26,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from agentrl.config import Config
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, mapped_tensors, mark_phase, phase, trim_heap
-from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores
+from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, torch_threads
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
@@ -201,7 +199,8 @@ def learner_threads(backend: str, engine_threads: int, cores: int) -> int | None
     engines decode beside the step (every backend but `sync`) it takes the cores they leave
     (`HFEngine.num_threads`, at least 1): an oversubscribed OpenMP pool spin-waits, and on 2 cores
     an update beside a decoding engine took 7.3 s on 2 threads and 6.7 s on 1 (4.5-5.0 s vs 4.9 s
-    alone, so the one thread costs little when the engine idles)."""
+    alone, so the one thread costs little when the engine idles; in bench/learning.py's 900-s runs
+    an update step's learn time did not change measurably, stop 53)."""
     if backend == "sync" or engine_threads <= 0:
         return None
     return max(1, cores - engine_threads)
@@ -217,15 +216,9 @@ def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, thread
     bytes and up mapped (`heap.mapped_tensors`; None: not), so that what it frees goes back to the
     OS instead of fragmenting the heap. The thread count is this worker thread's own (OpenMP's is
     per thread), so it is restored for whatever the thread runs next."""
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        with phase("learner_step"), (mapped_tensors(mmap_threshold) if mmap_threshold is not None
-                                     else contextlib.nullcontext()):
-            metrics = learner.step(groups)
-    finally:
-        torch.set_num_threads(previous)
+    with torch_threads(threads), phase("learner_step"), (mapped_tensors(mmap_threshold) if mmap_threshold is not None
+                                                         else contextlib.nullcontext()):
+        metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
 
