@@ -32,10 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentrl.inference.base import SamplingParams, torch_threads
+from agentrl.inference.base import SamplingParams
 from agentrl.inference.hf import HFEngine
 from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
+from agentrl.threads import torch_threads
 from bench._common import emit, machine_info
 
 

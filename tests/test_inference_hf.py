@@ -203,9 +203,12 @@ async def test_all_cores_decodes_on_every_core_for_the_block_only(model_path, pr
     try:
         with eng.all_cores():
             await eng.generate(prompts[0], SamplingParams(max_tokens=2))
-        alone, seen[:] = set(seen), []
+            alone, seen[:] = set(seen), []
+            with eng.own_cores():  # a learner step beside it: back to its own share
+                await eng.generate(prompts[2], SamplingParams(max_tokens=2))
+            beside, seen[:] = set(seen), []
         await eng.generate(prompts[1], SamplingParams(max_tokens=2))
-        assert alone == {os.cpu_count()} and set(seen) == {1} and eng.num_threads == 1
+        assert alone == {os.cpu_count()} and beside == {1} and set(seen) == {1} and eng.num_threads == 1
         assert torch.get_num_threads() == threads
     finally:
         await eng.close()

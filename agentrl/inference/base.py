@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -51,26 +48,17 @@ class InferenceEngine(Protocol):
     async def close(self) -> None: ...
 
 
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block on `threads` intra-op threads (None: as set), restored after it. OpenMP's
-    count is per thread, so this sets the calling thread's pool only: an engine's or a learner's
-    worker thread, not the other's."""
-    if threads is None:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def all_cores(engine: Any) -> contextlib.AbstractContextManager[Any]:
     """The engine's `all_cores()` (decode on every core while nothing else computes; the hf
     engine has it), or a no-op for engines whose threads are not ours to set."""
     cores = getattr(engine, "all_cores", None)
+    return cores() if cores is not None else contextlib.nullcontext()
+
+
+def own_cores(engine: Any) -> contextlib.AbstractContextManager[Any]:
+    """The engine's `own_cores()` (back on its own share of the cores while the block runs, inside
+    `all_cores`: while a learner step runs beside it), or a no-op."""
+    cores = getattr(engine, "own_cores", None)
     return cores() if cores is not None else contextlib.nullcontext()
 
 

@@ -50,12 +50,13 @@ from transformers.cache_utils import DynamicLayer
 
 from agentrl.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
 from agentrl.heap import track, trim_heap
-from agentrl.inference.base import GenerateOutput, SamplingParams, torch_threads
+from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.inference.kv_cache import drop_leading, growing_cache, stack_rows, truncate_cache
 from agentrl.inference.ngram import propose_continuation
 from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.inference.sampling import SAMPLERS, processed_logprobs, sample_tokens
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, torch_dtype
+from agentrl.threads import release_idle_workers, torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,9 @@ class HFEngine:
         # Half the cores by default (1 on a 2-core box): the event loop, tools and sandboxes need
         # the rest, and an oversubscribed OpenMP pool spin-waits — measured 10-20x slower decode
         # steps with 2 threads than with 1 on a loaded 2-core machine. Set per forward step on the
-        # engine's own thread only (`_forward_threads`), so a learner in the same process keeps its pool.
-        self.num_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
+        # engine's own thread only (`_step`), so a learner in the same process keeps its pool.
+        self.own_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
+        self.num_threads = self.own_threads  # what the next step runs on (all_cores / own_cores set it)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self.model_path = Path(model_path)
         self.device = torch.device(device)
@@ -288,12 +290,21 @@ class HFEngine:
             self._released.add(name)
         return freed
 
-    @contextlib.contextmanager
-    def all_cores(self) -> Iterator[None]:
+    def all_cores(self) -> contextlib.AbstractContextManager[None]:
         """Forward passes on every core while the block runs: for generation that runs alone (the
-        held-out evaluations before, between and after the training stages), where the cores the
-        default leaves to a learner would idle. Read at each step, so it applies from the next one."""
-        previous, self.num_threads = self.num_threads, max(self.num_threads, os.cpu_count() or 1)
+        held-out evaluations before, between and after the training stages), or beside a learner
+        that steps now and then (`own_cores` around each step). Read at each step, so it applies
+        from the next one."""
+        return self._threads(max(self.own_threads, os.cpu_count() or 1))
+
+    def own_cores(self) -> contextlib.AbstractContextManager[None]:
+        """Forward passes on the engine's own share of the cores (`own_threads`) while the block
+        runs, also inside `all_cores`: while a learner step computes on the rest."""
+        return self._threads(self.own_threads)
+
+    @contextlib.contextmanager
+    def _threads(self, threads: int) -> Iterator[None]:
+        previous, self.num_threads = self.num_threads, threads
         try:
             yield
         finally:
@@ -454,6 +465,8 @@ class HFEngine:
         with torch_threads(self.num_threads), self._precision():  # this thread's pool only (see __init__)
             finished = self._step_locked(admitted)
         self.metrics["forward_s"] += time.perf_counter() - start
+        if self._batch is None:  # nothing left to decode: the pool's workers exit until the next step,
+            release_idle_workers()  # so a learner stepping meanwhile is not throttled (threads.py)
         if self._trim_due(bool(admitted or finished)):
             start = time.perf_counter()
             trim_heap()

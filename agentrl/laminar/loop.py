@@ -28,7 +28,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, mapped_tensors, mark_phase, phase, trim_heap
-from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, torch_threads
+from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, own_cores
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
@@ -37,6 +37,7 @@ from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
 from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resources, Runtime, gather_alive
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
+from agentrl.threads import release_idle_workers, to_thread_releasing, torch_threads
 from agentrl.types import Group, Task
 
 log = logging.getLogger(__name__)
@@ -207,8 +208,10 @@ def learner_threads(backend: str, engine_threads: int, cores: int) -> int | None
 
 
 def _engine_threads(engines: list[Any]) -> int:
-    """The intra-op threads the in-process engines decode on (0 for engines that do not say)."""
-    return sum(t for t in (getattr(e, "num_threads", 0) for e in engines) if isinstance(t, int))
+    """The intra-op threads the in-process engines decode on beside a learner step, their own
+    share (`HFEngine.own_threads`; 0 for engines that do not say)."""
+    counts = (getattr(e, "own_threads", getattr(e, "num_threads", 0)) for e in engines)
+    return sum(t for t in counts if isinstance(t, int))
 
 
 def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int | None) -> dict[str, float]:
@@ -346,12 +349,23 @@ async def _buffer_version(system: LaminarSystem) -> int:
     return int((await system.buffer.stats())["version"])
 
 
-def generating_alone(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
-    """On `sync` generation and training take turns (nothing is generated during an update), so
-    a lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the whole
-    run (several would share the cores with each other)."""
-    if system.backend == "sync" and len(system.engines) == 1:
+def engine_on_idle_cores(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
+    """A lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the run,
+    except while a learner step computes beside it (`learner_beside_engine`): on `sync` nothing
+    is generated during an update, and on the other backends the learner waits for batches most
+    of the time (bench/learning.py: the engine decodes 1.25-1.3x faster on 2 cores than on 1).
+    Several engines share the cores with each other and keep their own share."""
+    if len(system.engines) == 1:
         return all_cores(system.engines[0])
+    return contextlib.nullcontext()
+
+
+def learner_beside_engine(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
+    """While a learner step runs: a lone in-process engine that decodes meanwhile (every backend
+    but `sync`) goes back to its own share of the cores, and the learner takes the rest
+    (`learner_threads`)."""
+    if system.backend != "sync" and len(system.engines) == 1:
+        return own_cores(system.engines[0])
     return contextlib.nullcontext()
 
 
@@ -361,7 +375,8 @@ async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: i
                 guide: Guide | None = None, mmap_threshold_mb: float | None = None) -> dict[str, Any]:
     """Run `steps` global-batch updates; returns the run summary (see `summarize`).
     `mmap_threshold_mb`: `trainer.mmap_threshold_mb` (`learner_mmap_threshold`)."""
-    with generating_alone(system):
+    release_idle_workers()  # the event loop's thread loaded the models: its OpenMP workers would throttle the engine's
+    with engine_on_idle_cores(system):
         return await _train(system, learner, steps, batch_groups, on_step, wait_timeout_s=wait_timeout_s,
                             dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches, guide=guide,
                             mmap_threshold_mb=mmap_threshold_mb)
@@ -409,7 +424,8 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         if backend == "global-async":  # the next batch overlaps this update
             await release_through(step + 1)
         t1 = time.perf_counter()
-        metrics = await asyncio.to_thread(_learn, learner, groups, mmap_threshold, threads)
+        with learner_beside_engine(system):
+            metrics = await to_thread_releasing(_learn, learner, groups, mmap_threshold, threads)
         learn_s = time.perf_counter() - t1
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version

@@ -23,6 +23,7 @@ import torch
 
 from agentrl.heap import track
 from agentrl.laminar.runtime import ActorDied
+from agentrl.threads import to_thread_releasing
 
 FetchPolicy = Literal["wait_inflight", "local"]
 
@@ -264,7 +265,7 @@ class Relay:
         t0 = time.perf_counter()
         specs, size = layout(state_dict, dtypes)
         flat = self._buffer(size)
-        await asyncio.to_thread(flatten_into, state_dict, specs, flat)
+        await to_thread_releasing(flatten_into, state_dict, specs, flat)
         return await self._publish(version, specs, flat, time.perf_counter() - t0)
 
     def _check_newer(self, version: int) -> None:
@@ -288,7 +289,7 @@ class Relay:
             raise ValueError(f"relay {self.id}: push_part for version {version} without its begin_push")
         _, specs, flat, copy_s = self._streaming
         t0 = time.perf_counter()
-        await asyncio.to_thread(flatten_into, part, tuple(s for s in specs if s.name in part), flat)
+        await to_thread_releasing(flatten_into, part, tuple(s for s in specs if s.name in part), flat)
         self._streaming = (version, specs, flat, copy_s + time.perf_counter() - t0)
 
     async def end_push(self, version: int) -> float:
@@ -425,7 +426,7 @@ class Relay:
     async def checksum(self) -> tuple[int, str]:
         if self._complete is None:
             return -1, ""
-        return self._complete.version, await asyncio.to_thread(checksum, self._complete.flat)
+        return self._complete.version, await to_thread_releasing(checksum, self._complete.flat)
 
     async def get_stats(self) -> dict[str, Any]:
         return dict(self.stats, version=await self.latest_version(), announced=self._announced,

@@ -116,24 +116,33 @@ async def test_fault_worker_killed_mid_run(tokenizer):
     assert survivor["restarted"] == summary["restarted"]
 
 
-def _record_all_cores(engine) -> list[bool]:
-    """Give a fake engine `all_cores` (as HFEngine has); returns, per generate call, whether it ran inside."""
-    inside, calls = [False], []
+def _record_cores(engine, learner) -> dict[str, list[str]]:
+    """Give a fake engine `all_cores` and `own_cores` (as HFEngine has); returns the share of the
+    cores it was on ("all", "own" or "default") at each generate call and each learner step."""
+    state, seen = ["default"], {"generate": [], "learn": []}
 
-    @contextlib.contextmanager
-    def all_cores():
-        inside[0] = True
-        yield
-        inside[0] = False
+    def share(name: str):
+        @contextlib.contextmanager
+        def cores():
+            previous, state[0] = state[0], name
+            try:
+                yield
+            finally:
+                state[0] = previous
+        return cores
 
-    real = engine.generate
+    real_generate, real_step = engine.generate, learner.step
 
     async def generate(*args, **kwargs):
-        calls.append(inside[0])
-        return await real(*args, **kwargs)
+        seen["generate"].append(state[0])
+        return await real_generate(*args, **kwargs)
 
-    engine.all_cores, engine.generate = all_cores, generate
-    return calls
+    def step(groups):
+        seen["learn"].append(state[0])
+        return real_step(groups)
+
+    engine.all_cores, engine.own_cores, engine.generate, learner.step = share("all"), share("own"), generate, step
+    return seen
 
 
 async def _train_checked(system, learner, steps: int) -> tuple[dict, list[int]]:
@@ -152,11 +161,11 @@ async def _train_checked(system, learner, steps: int) -> tuple[dict, list[int]]:
 async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
                                              n_workers=1)
-    generated_alone = _record_all_cores(engines[0])
     engines[0].num_threads = 1  # as HFEngine's on 2 cores: the learner takes the rest beside it
     mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
     monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
     learner = FakeLearner()
+    cores_seen = _record_cores(engines[0], learner)
     summary, consumed = await _train_checked(system, learner, steps=4)
     assert summary["final_version"] == 4
     # taking turns, the learner keeps torch's pool; beside the decoding engine, the cores it leaves
@@ -167,8 +176,10 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     # stop the world: after each update every engine runs the new version before new work
     for e in engines:
         assert [v for v, _ in e.loaded] == list(range(1, len(e.loaded) + 1))
-    # sync takes turns, so its lone engine decodes on every core; one-step-off overlaps the update
-    assert generated_alone and set(generated_alone) == {backend == "sync"}
+    # the lone engine decodes on every core, except that beside a learner step (one-step-off
+    # overlaps the update; sync takes turns) it goes back to its own share
+    assert cores_seen["generate"] and set(cores_seen["generate"]) <= {"all", "own"} and "all" in cores_seen["generate"]
+    assert cores_seen["learn"] == ["all" if backend == "sync" else "own"] * 4
     # nothing is generated past the last step: every group written was trained on
     assert summary["buffer"]["groups_written"] == summary["buffer"]["groups_consumed"] == 4 * 2
     assert mapped_steps == ([128 << 10] * 4 if backend == "sync" else [])

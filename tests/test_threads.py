@@ -1,0 +1,51 @@
+"""threads.py against torch's real libgomp: a thread's OpenMP workers exit when it gives them back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import torch
+
+from agentrl.threads import release_idle_workers, to_thread_releasing, torch_threads
+
+
+def _process_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _parallel_work() -> int:
+    """A matmul big enough to run as a 2-thread OpenMP region; returns the threads alive after it."""
+    with torch_threads(2):
+        x = torch.randn(512, 512)
+        (x @ x).sum().item()
+    return _process_threads()
+
+
+def test_release_idle_workers_lets_the_calling_threads_pool_exit() -> None:
+    counts: dict[str, int] = {}
+
+    def worker() -> None:
+        counts["before"] = _process_threads()
+        counts["with_pool"] = _parallel_work()  # this thread now owns a pool with one worker
+        counts["released"] = int(release_idle_workers())
+        counts["after"] = _process_threads()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert counts["released"] == 1  # torch's libgomp was found (CI runs Linux with torch's OpenMP)
+    assert counts["with_pool"] - counts["after"] == 1  # the pool's one worker (2 threads: this one and it) exited
+
+
+def test_to_thread_releasing_leaves_no_pool_behind_in_the_executor() -> None:
+    async def run() -> tuple[int, int]:
+        await asyncio.to_thread(lambda: None)  # the default executor's thread exists before we count
+        before = _process_threads()
+        during = await to_thread_releasing(_parallel_work)
+        return before, during
+
+    before, during = asyncio.run(run())
+    assert during > before  # the pool's worker ran ...
+    assert _process_threads() < during  # ... and exited with the task
