@@ -82,3 +82,31 @@ async def to_thread_releasing(fn: Callable[..., T], *args: object) -> T:
     worker thread gives its OpenMP workers back when `fn` returns, so the pools of the default
     executor's threads do not linger beside the engine's."""
     return await asyncio.to_thread(_then_release, fn, *args)
+
+
+@contextlib.contextmanager
+def threads_per_block(model: torch.nn.Module, count: Callable[[], int]) -> Iterator[None]:
+    """While the block runs, the model's repeated blocks (the children of its ModuleLists: a
+    transformer's layers) set the calling thread's intra-op count to `count()` before their
+    forward and before their backward, so a learner step takes the cores an engine beside it
+    leaves idle from the next layer on. The backward runs on the calling thread on CPU, and its
+    point is a hook on each block's output gradient."""
+    blocks = [block for module in model.modules() if isinstance(module, torch.nn.ModuleList) for block in module]
+
+    def set_count(*_: object) -> None:
+        n = count()
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+
+    def before_backward(_module: torch.nn.Module, _args: object, output: object) -> None:
+        out = output[0] if isinstance(output, tuple) else output
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(set_count)  # returns None: the gradient passes unchanged
+
+    handles = [h for block in blocks for h in (block.register_forward_pre_hook(set_count),
+                                               block.register_forward_hook(before_backward))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

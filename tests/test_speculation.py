@@ -12,7 +12,7 @@ import torch
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.hf import _draft_width
+from agentrl.inference.hf import FORWARD_FIXED_TOKENS, ForwardCost, _draft_width
 from agentrl.inference.ngram import propose_continuation
 from agentrl.models import load_tokenizer, resolve_configured
 from agentrl.trainer.logprobs import token_logprobs
@@ -63,6 +63,20 @@ async def _generate(cfg, prompts, sampling):
         return outs, dict(engine.metrics), engine
     finally:
         await engine.close()
+
+
+def test_forward_cost_fits_this_machines_fixed_part_once_the_step_widths_vary():
+    cost = ForwardCost()
+    assert cost.fixed_tokens() == FORWARD_FIXED_TOKENS  # nothing seen yet
+    for _ in range(100):  # one width only: no slope to fit
+        cost.add(8, 0.052)
+    assert cost.fixed_tokens() == FORWARD_FIXED_TOKENS
+    for step in range(400):  # 30 ms + 2.75 ms a token (the 2-core EPYC, bf16), widths 4-40
+        tokens = 4 + (step * 7) % 37
+        cost.add(tokens, 0.030 + 0.00275 * tokens)
+    assert abs(cost.fixed_tokens() - 30 / 2.75) < 0.5
+    # a cheaper fixed part turns drafts kept one time in three off where 40 would feed them
+    assert _draft_width([4] * 8, [0.35] * 8, cost.fixed_tokens()) == 0 < _draft_width([4] * 8, [0.35] * 8)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

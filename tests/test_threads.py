@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from agentrl.threads import release_idle_workers, to_thread_releasing, torch_threads
+from agentrl.threads import release_idle_workers, threads_per_block, to_thread_releasing, torch_threads
 
 
 def _process_threads() -> int:
@@ -49,3 +49,42 @@ def test_to_thread_releasing_leaves_no_pool_behind_in_the_executor() -> None:
     before, during = asyncio.run(run())
     assert during > before  # the pool's worker ran ...
     assert _process_threads() < during  # ... and exited with the task
+
+
+class _Recorded(torch.autograd.Function):
+    """Identity that records the calling thread's intra-op count in its forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, log):
+        ctx.log = log
+        log.append(("forward", torch.get_num_threads()))
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(("backward", torch.get_num_threads()))
+        return grad, None
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.linear, self.log = torch.nn.Linear(4, 4), log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(_Recorded.apply(x, self.log))
+
+
+def test_threads_per_block_rereads_the_count_before_each_blocks_forward_and_backward() -> None:
+    log: list[tuple[str, int]] = []
+    model = torch.nn.Sequential(torch.nn.ModuleList([_Block(log) for _ in range(3)]))
+    counts = iter([1, 2, 1, 2, 2, 1])  # three forwards, then the backward (last block first)
+    with torch_threads(1), threads_per_block(model, lambda: next(counts)):
+        x = torch.randn(2, 4, requires_grad=True)
+        for block in model[0]:
+            x = block(x)
+        x.sum().backward()
+        after = torch.get_num_threads()
+    assert log == [("forward", 1), ("forward", 2), ("forward", 1),
+                   ("backward", 2), ("backward", 2), ("backward", 1)]
+    assert after == 1 and not model[0][0]._forward_pre_hooks  # the hooks are gone after the block

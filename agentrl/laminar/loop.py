@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from agentrl.config import Config
 from agentrl.heap import LEARNER_MMAP_THRESHOLD, mapped_tensors, mark_phase, phase, trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, own_cores
@@ -37,7 +39,7 @@ from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
 from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resources, Runtime, gather_alive
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
-from agentrl.threads import release_idle_workers, to_thread_releasing, torch_threads
+from agentrl.threads import release_idle_workers, threads_per_block, to_thread_releasing, torch_threads
 from agentrl.types import Group, Task
 
 log = logging.getLogger(__name__)
@@ -214,13 +216,30 @@ def _engine_threads(engines: list[Any]) -> int:
     return sum(t for t in counts if isinstance(t, int))
 
 
-def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int | None) -> dict[str, float]:
-    """One learner step on `threads` intra-op threads (None: as set), its tensors of `mmap_threshold`
-    bytes and up mapped (`heap.mapped_tensors`; None: not), so that what it frees goes back to the
-    OS instead of fragmenting the heap. The thread count is this worker thread's own (OpenMP's is
-    per thread), so it is restored for whatever the thread runs next."""
-    with torch_threads(threads), phase("learner_step"), (mapped_tensors(mmap_threshold) if mmap_threshold is not None
-                                                         else contextlib.nullcontext()):
+def elastic_learner_threads(system: LaminarSystem, learner: Any, threads: int | None) -> Callable[[], int] | None:
+    """The learner step's thread count, re-read at each layer (`threads.threads_per_block`):
+    `threads` while a lone in-process engine decodes beside it, every core while that engine
+    idles (under one-step-off it finishes the next batch partway through a long update). None
+    where no engine decodes beside the step (`threads` is None: `sync`) or the learner's model is
+    not in this process."""
+    if threads is None or len(system.engines) != 1 or not isinstance(getattr(learner, "model", None), torch.nn.Module):
+        return None
+    engine, cores = system.engines[0], os.cpu_count() or 1
+    if not hasattr(engine, "decoding"):
+        return None
+    return lambda: threads if engine.decoding else max(threads, cores)
+
+
+def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int | None,
+           elastic: Callable[[], int] | None = None) -> dict[str, float]:
+    """One learner step on `threads` intra-op threads (None: as set; `elastic`: re-read at each
+    layer), its tensors of `mmap_threshold` bytes and up mapped (`heap.mapped_tensors`; None: not),
+    so that what it frees goes back to the OS instead of fragmenting the heap. The thread count is
+    this worker thread's own (OpenMP's is per thread), so it is restored for whatever the thread
+    runs next."""
+    with (torch_threads(threads), phase("learner_step"),
+          mapped_tensors(mmap_threshold) if mmap_threshold is not None else contextlib.nullcontext(),
+          threads_per_block(learner.model, elastic) if elastic is not None else contextlib.nullcontext()):
         metrics = learner.step(groups)
     trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
     return metrics
@@ -391,6 +410,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
     mmap_threshold = learner_mmap_threshold(backend, bool(system.engines), mmap_threshold_mb)
     threads = learner_threads(backend, _engine_threads(system.engines), os.cpu_count() or 1)
+    elastic = elastic_learner_threads(system, learner, threads)
     v = learner.version
     with phase("push"):
         await push_weights(system, learner, v)  # relays start from v
@@ -425,7 +445,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
             await release_through(step + 1)
         t1 = time.perf_counter()
         with learner_beside_engine(system):
-            metrics = await to_thread_releasing(_learn, learner, groups, mmap_threshold, threads)
+            metrics = await to_thread_releasing(_learn, learner, groups, mmap_threshold, threads, elastic)
         learn_s = time.perf_counter() - t1
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version
