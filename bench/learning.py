@@ -79,9 +79,10 @@ class Settings:
 
 
 DIFFERENCES = [
-    "threads: agentrl's HF engine decodes on half the cores (1 on 2) and its learner trains on the rest "
-    "(loop.learner_threads; torch's default, every core, until stop 53); under sync, where they take turns, "
-    "each has every core. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
+    "threads: agentrl's HF engine decodes on every core, except beside a learner step, where it keeps half (1 on 2) "
+    "and the step trains on the rest, and on every core from the layer where the engine idles (agentrl/threads.py; "
+    "since stop 54; before it the engine kept 1 and the learner, since stop 53, had the other); under sync, where "
+    "they take turns, each has every core. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
     "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside "
     "them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch of 8 (no vLLM "
     "on this CPU), gradient checkpointing off in both",
@@ -320,7 +321,11 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
-            "setup": "single-turn (agentrl Env, one turn)", "torch_threads": learner_threads(backend, engine.num_threads, os.cpu_count() or 1) or torch.get_num_threads(),
+            "setup": "single-turn (agentrl Env, one turn)",
+            "torch_threads": learner_threads(backend, engine.own_threads, os.cpu_count() or 1) or torch.get_num_threads(),
+            # the engine's decode rate over its forward seconds, and the fixed cost its draft width weighs
+            "engine_tokens_per_forward_s": round(engine.metrics["tokens"] / max(engine.metrics["forward_s"], 1e-9), 1),
+            "forward_fixed_tokens": round(engine.forward_cost.fixed_tokens(), 1),
             **({"timed_out_after_s": limit} if timed_out else {})}
 
 
@@ -457,6 +462,7 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
             **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "push_s_mean", "barrier_s_mean",
                                   "step_s_mean", "completion_tokens_mean", "trl_version", "transformers_version", "torch_threads",
+                                  "engine_tokens_per_forward_s", "forward_fixed_tokens",
                                   "timed_out_after_s")
                 if r.get(k) is not None}),
         }

@@ -142,6 +142,7 @@ class HFEngine:
         # engine's own thread only (`_step`), so a learner in the same process keeps its pool.
         self.own_threads = num_threads or max(1, (os.cpu_count() or 2) // 2)
         self.num_threads = self.own_threads  # what the next step runs on (all_cores / own_cores set it)
+        self._pool_threads = self.num_threads  # what the last step ran on
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self.model_path = Path(model_path)
         self.device = torch.device(device)
@@ -301,7 +302,9 @@ class HFEngine:
         """Forward passes on every core while the block runs: for generation that runs alone (the
         held-out evaluations before, between and after the training stages), or beside a learner
         that steps now and then (`own_cores` around each step). Read at each step, so it applies
-        from the next one."""
+        from the next one. The calling thread (the event loop's, which loaded the models) gives its
+        OpenMP workers back first: beside the engine's they would throttle both (threads.py)."""
+        release_idle_workers()
         return self._threads(max(self.own_threads, os.cpu_count() or 1))
 
     def own_cores(self) -> contextlib.AbstractContextManager[None]:
@@ -469,6 +472,9 @@ class HFEngine:
     def _step(self, admitted: list[_Request]) -> list[_Request]:
         """Prefill `admitted`, decode one token for the running batch, merge, drop finished rows."""
         start = time.perf_counter()
+        if self.num_threads < self._pool_threads:  # fewer from now on (a learner step beside it): the
+            release_idle_workers()  # pool's workers exit, so the learner's do not outnumber the cores
+        self._pool_threads = self.num_threads
         with torch_threads(self.num_threads), self._precision():  # this thread's pool only (see __init__)
             finished = self._step_locked(admitted)
         self.metrics["forward_s"] += time.perf_counter() - start
