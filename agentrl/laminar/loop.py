@@ -371,9 +371,10 @@ async def _buffer_version(system: LaminarSystem) -> int:
 def engine_on_idle_cores(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
     """A lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the run,
     except while a learner step computes beside it (`learner_beside_engine`): on `sync` nothing
-    is generated during an update, and on the other backends the learner waits for batches most
-    of the time (bench/learning.py: the engine decodes 1.25-1.3x faster on 2 cores than on 1).
-    Several engines share the cores with each other and keep their own share."""
+    is generated during an update, and on the other backends the engine has the idle core
+    between updates, where a skipped update (no advantage) leaves the run waiting on generation
+    (the hf engine decodes 8 rows 1.25-1.3x faster on 2 cores than on 1, threads.py). Several
+    engines share the cores with each other and keep their own share."""
     if len(system.engines) == 1:
         return all_cores(system.engines[0])
     return contextlib.nullcontext()
