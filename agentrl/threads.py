@@ -6,10 +6,10 @@ worker thread and a learner's each set their own (`torch_threads`).
 libgomp (torch's OpenMP on Linux) keeps a pool of worker threads for every thread that ever ran
 a parallel region, and counts the workers of all of them: once they outnumber the cores, every
 team stops spin-waiting between regions and sleeps, so each region pays a futex wake-up. A decode
-step is ~1 000 small regions. SmolLM2-135M, 8 rows, bf16, on the 2-core EPYC: 41 ms a step on one
-thread, 32 ms on two, and 50-55 ms on two once one other thread (the main one, which loaded the
-model) held a pool of its own; the hf engine decoded 160 tokens/s on one thread, 110 on two with
-that pool, 200 on two without it. So a thread that has finished its parallel work gives its
+step is ~1 000 small regions. SmolLM2-135M, 8 rows, bf16, on the 2-core EPYC: 38-41 ms a step on
+one thread, 29-32 ms on two, and 50-58 ms on two once one other thread (the main one, which loaded
+the model) held a pool of its own; the hf engine decoded 152-167 tokens/s on one thread, 110-122 on
+two with that pool, 198-208 on two without it. So a thread that has finished its parallel work gives its
 workers back (`release_idle_workers`), and only the engine keeps a pool while it decodes."""
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ def _torch_libgomp() -> ctypes.CDLL | None:
     """torch's own libgomp, as loaded in this process (another package may load a second copy,
     sentencepiece does, whose pools are not torch's), or None (another OpenMP, or none)."""
     torch_lib = str(Path(torch.__file__).resolve().parent / "lib")
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if path.startswith(torch_lib) and Path(path).name.startswith("libgomp"):
-                return ctypes.CDLL(path)
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if path.startswith(torch_lib) and Path(path).name.startswith("libgomp"):
+                    return ctypes.CDLL(path)
+    except OSError:  # no /proc (not Linux)
+        pass
     return None
 
 
@@ -63,7 +66,7 @@ def release_idle_workers() -> bool:
     so that they no longer count against the cores (module docstring); the next parallel region
     on this thread starts them again (tens of microseconds). Returns whether torch's libgomp was
     found (elsewhere: False, nothing done)."""
-    gomp = _torch_libgomp() if Path("/proc/self/maps").exists() else None
+    gomp = _torch_libgomp()
     if gomp is None:
         return False
     gomp.omp_pause_resource_all(OMP_PAUSE_SOFT)

@@ -82,7 +82,7 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     best: dict[str, float] = {}
     logits: dict[str, torch.Tensor] = {}
-    with torch_threads(1):  # as the engine on a 2-core machine (HFEngine.num_threads)
+    with torch_threads(1):  # as the engine on a 2-core machine (HFEngine.own_threads)
         for _ in range(rounds):
             for name, (impl, make_cache) in variants.items():
                 torch.manual_seed(0)

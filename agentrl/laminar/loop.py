@@ -203,7 +203,9 @@ def learner_threads(backend: str, engine_threads: int, cores: int) -> int | None
     (`HFEngine.num_threads`, at least 1): an oversubscribed OpenMP pool spin-waits, and on 2 cores
     an update beside a decoding engine took 7.3 s on 2 threads and 6.7 s on 1 (4.5-5.0 s vs 4.9 s
     alone, so the one thread costs little when the engine idles; in bench/learning.py's 900-s runs
-    an update step's learn time did not change measurably, stop 53)."""
+    an update step's learn time did not change measurably, stop 53). Those figures were taken while
+    libgomp throttled every second pool (threads.py); unthrottled, the step takes 3.3 s on 2
+    threads and 6.0 s on 1, which is why it takes the engine's core back when that idles."""
     if backend == "sync" or engine_threads <= 0:
         return None
     return max(1, cores - engine_threads)
