@@ -323,9 +323,9 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)",
             "torch_threads": learner_threads(backend, engine.own_threads, os.cpu_count() or 1) or torch.get_num_threads(),
-            # the engine's decode rate over its forward seconds, and the fixed cost its draft width weighs
+            # the engine's decode rate over its forward seconds, and the fixed cost its draft width weighs (per thread count)
             "engine_tokens_per_forward_s": round(engine.metrics["tokens"] / max(engine.metrics["forward_s"], 1e-9), 1),
-            "forward_fixed_tokens": round(engine.forward_cost.fixed_tokens(), 1),
+            "forward_fixed_tokens": {threads: round(fit.fixed_tokens(), 1) for threads, fit in sorted(engine.forward_costs.items())},
             **({"timed_out_after_s": limit} if timed_out else {})}
 
 

@@ -5,6 +5,7 @@ that a speculating engine emits what a plain one emits, with the trainer's log-p
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -77,6 +78,23 @@ def test_forward_cost_fits_this_machines_fixed_part_once_the_step_widths_vary():
     assert abs(cost.fixed_tokens() - 30 / 2.75) < 0.5
     # a cheaper fixed part turns drafts kept one time in three off where 40 would feed them
     assert _draft_width([4] * 8, [0.35] * 8, cost.fixed_tokens()) == 0 < _draft_width([4] * 8, [0.35] * 8)
+
+
+async def test_the_engine_fits_the_forward_cost_per_thread_count(prompts):
+    """A step beside a learner (own_cores) and one alone (all_cores) cost differently, so each
+    thread count keeps its own fit, and a step feeds the fit of the count it runs on."""
+    engine = make_engine(_config())
+    try:
+        sp = SamplingParams(temperature=0.0, max_tokens=24)
+        await asyncio.gather(*[engine.generate(p, sp) for p in prompts])
+        with engine.all_cores():
+            await asyncio.gather(*[engine.generate(p, sp) for p in prompts])
+        counts = {engine.own_threads, max(engine.own_threads, os.cpu_count() or 1)}
+        assert set(engine.forward_costs) == counts
+        assert all(fit.w > 0 for fit in engine.forward_costs.values())
+        assert engine.forward_cost() is engine.forward_costs[engine.own_threads]
+    finally:
+        await engine.close()
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

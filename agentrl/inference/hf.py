@@ -172,7 +172,9 @@ class HFEngine:
         self.tokenizer = load_tokenizer(model_path)
         self.max_batch_size = max_batch_size
         self.speculative_tokens = speculative_tokens
-        self.forward_cost = ForwardCost()
+        # one fit per thread count: a 1-thread step (a learner step beside it) and a 2-thread one
+        # differ in both fixed and per-token cost, and one fit over both drifted to 33-77 tokens
+        self.forward_costs: dict[int, ForwardCost] = {}
         self.sampler = sampler  # sampling.py: how a sampled row draws its token
         # a step's decode rows and new rows in one ragged forward (`_forward`); only agentrl's attention
         # reads a ragged pass's parts, so a model loaded with another runs a pass per rectangle
@@ -527,8 +529,8 @@ class HFEngine:
         start = time.perf_counter()
         logits = self._forward(passes, prefills=len(groups))
         if not groups:  # a decode step alone: a point of the forward's cost (`ForwardCost`)
-            self.forward_cost.add(passes[0].ids.numel(), time.perf_counter() - start)
-            self.metrics["forward_fixed_tokens"] = self.forward_cost.fixed_tokens()
+            self.forward_cost().add(passes[0].ids.numel(), time.perf_counter() - start)
+            self.metrics["forward_fixed_tokens"] = self.forward_cost().fixed_tokens()
         emitted = 0
         if old is not None:
             if any(drafts):
@@ -687,8 +689,12 @@ class HFEngine:
                        self.max_model_len - len(r.prompt_ids) - len(r.token_ids)) - 1
             k = min(self.speculative_tokens, room)
             out.append(propose_continuation(r.prompt_ids + r.token_ids, k, *self.prompt_lookup) if k > 0 else [])
-        width = _draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows], self.forward_cost.fixed_tokens())
+        width = _draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows], self.forward_cost().fixed_tokens())
         return [d[:width] for d in out]
+
+    def forward_cost(self) -> ForwardCost:
+        """The forward-cost fit for the thread count the next step runs on."""
+        return self.forward_costs.setdefault(self.num_threads, ForwardCost())
 
     def _speculate_pass(self, batch: _Batch, drafts: list[list[int]]) -> _Pass:
         """Each row's next token and its draft, one column each; a shorter draft's columns are padding."""
