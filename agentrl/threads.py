@@ -31,9 +31,10 @@ OMP_PAUSE_SOFT = 1  # OpenMP 5's omp_pause_soft: the pool's threads exit, state 
 
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block on `threads` intra-op threads (None: as set), restored after it. OpenMP's
-    count is per thread, so this sets the calling thread's pool only: an engine's or a learner's
-    worker thread, not the other's."""
+    """Run the block on `threads` intra-op threads (None: as set), restored after it. A thread
+    that has set its count keeps it whatever other threads set (an engine's and a learner's worker
+    threads each their own), but one that never has follows libgomp's default, which a set on any
+    such thread moves: where the count matters, set it (`loop.learner_threads` does, always)."""
     if threads is None:
         yield
         return

@@ -264,7 +264,6 @@ def agentrl_config(s: Settings, backend: str) -> Any:
 
 async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     """Train with one backend until the budget; returns its points and run facts."""
-    import torch
 
     from agentrl.inference import make_engine
     from agentrl.laminar.loop import learner_threads, run_training_async
@@ -322,7 +321,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
             "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)",
-            "torch_threads": learner_threads(backend, engine.own_threads, os.cpu_count() or 1) or torch.get_num_threads(),
+            "torch_threads": learner_threads(backend, engine.own_threads, os.cpu_count() or 1),
             # the engine's decode rate over its forward seconds, and the fixed cost its draft width weighs (per thread count)
             "engine_tokens_per_forward_s": round(engine.metrics["tokens"] / max(engine.metrics["forward_s"], 1e-9), 1),
             "forward_fixed_tokens": {threads: round(fit.fixed_tokens(), 1) for threads, fit in sorted(engine.forward_costs.items())},

@@ -197,8 +197,12 @@ def learner_mmap_threshold(backend: str, engines_in_process: bool, configured_mb
     return LEARNER_MMAP_THRESHOLD if backend == "sync" or not engines_in_process else None
 
 
-def learner_threads(backend: str, engine_threads: int, cores: int) -> int | None:
-    """Intra-op threads for the learner step (None: torch's own, every core). Where in-process
+def learner_threads(backend: str, engine_threads: int, cores: int) -> int:
+    """Intra-op threads for the learner step: every core where no in-process engine decodes
+    beside it (`sync` takes turns; Ray's engines are elsewhere), set explicitly because a worker
+    thread's default is not the event loop's (torch.set_num_threads on any thread outside an
+    OpenMP region moves libgomp's default for threads started later: a sync step in the suite ran
+    on 1 thread after an earlier test's engine step had set 1 on its own thread). Where in-process
     engines decode beside the step (every backend but `sync`) it takes the cores they leave
     (`HFEngine.num_threads`, at least 1): an oversubscribed OpenMP pool spin-waits, and on 2 cores
     an update beside a decoding engine took 7.3 s on 2 threads and 6.7 s on 1 (4.5-5.0 s vs 4.9 s
@@ -207,7 +211,7 @@ def learner_threads(backend: str, engine_threads: int, cores: int) -> int | None
     libgomp throttled every second pool (threads.py); unthrottled, the step takes 3.3 s on 2
     threads and 6.0 s on 1, which is why it takes the engine's core back when that idles."""
     if backend == "sync" or engine_threads <= 0:
-        return None
+        return cores
     return max(1, cores - engine_threads)
 
 
@@ -218,13 +222,13 @@ def _engine_threads(engines: list[Any]) -> int:
     return sum(t for t in counts if isinstance(t, int))
 
 
-def elastic_learner_threads(system: LaminarSystem, learner: Any, threads: int | None) -> Callable[[], int] | None:
+def elastic_learner_threads(system: LaminarSystem, learner: Any, threads: int) -> Callable[[], int] | None:
     """The learner step's thread count, re-read at each layer (`threads.threads_per_block`):
     `threads` while a lone in-process engine decodes beside it, every core while that engine
     idles (under one-step-off it finishes the next batch partway through a long update). None
-    where no engine decodes beside the step (`threads` is None: `sync`) or the learner's model is
-    not in this process."""
-    if threads is None or len(system.engines) != 1 or not isinstance(getattr(learner, "model", None), torch.nn.Module):
+    where no engine decodes beside the step (`sync`, or none in this process) or the learner's
+    model is not in this process."""
+    if system.backend == "sync" or len(system.engines) != 1 or not isinstance(getattr(learner, "model", None), torch.nn.Module):
         return None
     engine, cores = system.engines[0], os.cpu_count() or 1
     if not hasattr(engine, "decoding"):

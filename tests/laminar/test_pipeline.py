@@ -4,6 +4,7 @@ engine and a fake learner (logic tests; test_integration.py uses the real model 
 import asyncio
 import contextlib
 import os
+import threading
 
 import pytest
 import torch
@@ -157,6 +158,12 @@ async def _train_checked(system, learner, steps: int) -> tuple[dict, list[int]]:
     return summary, [t.consumed_version - t.version for g in groups for t in g.trajectories]
 
 
+def _set_default_threads(count: int) -> None:
+    setter = threading.Thread(target=torch.set_num_threads, args=(count,))
+    setter.start()
+    setter.join()
+
+
 @pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
 async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     _cfg, system, engines, _ = await _system(tokenizer, backend, tasks=tail_tasks(2, long_turns=3, tool_s=0.05),
@@ -166,11 +173,17 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
     learner = FakeLearner()
     cores_seen = _record_cores(engines[0], learner)
-    summary, consumed = await _train_checked(system, learner, steps=4)
-    assert summary["final_version"] == 4
-    # taking turns, the learner keeps torch's pool; beside the decoding engine, the cores it leaves
+    # a set on a thread that never had its own count moves the default of threads started later
+    # (the learner's executor thread): the step's count must not depend on it
     cores = os.cpu_count() or 1
-    assert learner.threads == [torch.get_num_threads() if backend == "sync" else max(1, cores - 1)] * 4
+    _set_default_threads(1)
+    try:
+        summary, consumed = await _train_checked(system, learner, steps=4)
+    finally:
+        _set_default_threads(cores)
+    assert summary["final_version"] == 4
+    # taking turns, the learner takes every core; beside the decoding engine, the cores it leaves
+    assert learner.threads == [cores if backend == "sync" else max(1, cores - 1)] * 4
     assert max(consumed) == max_stale
     assert summary["repack_moves"] == 0 or backend == "laminar"
     # stop the world: after each update every engine runs the new version before new work
@@ -248,8 +261,8 @@ def test_learner_threads_are_the_cores_the_engines_leave_where_they_decode_besid
     assert learner_threads("global-async", 1, 2) == 1
     assert learner_threads("laminar", 2, 8) == 6
     assert learner_threads("laminar", 4, 2) == 1  # never none
-    assert learner_threads("sync", 1, 2) is None  # taking turns: every core
-    assert learner_threads("global-async", 0, 2) is None  # no in-process engine (Ray, remote)
+    assert learner_threads("sync", 1, 2) == 2  # taking turns: every core
+    assert learner_threads("global-async", 0, 2) == 2  # no in-process engine (Ray, remote)
 
 
 def test_learner_step_mmap_threshold_is_the_configured_one_or_automatic() -> None:
