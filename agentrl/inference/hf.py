@@ -529,8 +529,9 @@ class HFEngine:
         start = time.perf_counter()
         logits = self._forward(passes, prefills=len(groups))
         if not groups:  # a decode step alone: a point of the forward's cost (`ForwardCost`)
-            self.forward_cost().add(passes[0].ids.numel(), time.perf_counter() - start)
-            self.metrics["forward_fixed_tokens"] = self.forward_cost().fixed_tokens()
+            fit = self.forward_cost()
+            fit.add(passes[0].ids.numel(), time.perf_counter() - start)
+            self.metrics["forward_fixed_tokens"] = fit.fixed_tokens()
         emitted = 0
         if old is not None:
             if any(drafts):

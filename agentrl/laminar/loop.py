@@ -236,12 +236,12 @@ def elastic_learner_threads(system: LaminarSystem, learner: Any, threads: int) -
     return lambda: threads if engine.decoding else max(threads, cores)
 
 
-def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int | None,
+def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int,
            elastic: Callable[[], int] | None = None) -> dict[str, float]:
-    """One learner step on `threads` intra-op threads (None: as set; `elastic`: re-read at each
-    layer), its tensors of `mmap_threshold` bytes and up mapped (`heap.mapped_tensors`; None: not),
+    """One learner step on `threads` intra-op threads (`learner_threads`; `elastic`: re-read at
+    each layer), its tensors of `mmap_threshold` bytes and up mapped (`heap.mapped_tensors`; None: not),
     so that what it frees goes back to the OS instead of fragmenting the heap. The thread count is
-    this worker thread's own (OpenMP's is per thread), so it is restored for whatever the thread
+    this worker thread's own once set (`threads.torch_threads`), so it is restored for whatever the thread
     runs next."""
     with (torch_threads(threads), phase("learner_step"),
           mapped_tensors(mmap_threshold) if mmap_threshold is not None else contextlib.nullcontext(),
