@@ -5,6 +5,8 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -158,10 +160,17 @@ async def _train_checked(system, learner, steps: int) -> tuple[dict, list[int]]:
     return summary, [t.consumed_version - t.version for g in groups for t in g.trajectories]
 
 
+def _on_fresh_thread(fn: Callable[[], Any]) -> Any:
+    """fn's result on a new thread: one that never set its own torch thread count."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(fn()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
 def _set_default_threads(count: int) -> None:
-    setter = threading.Thread(target=torch.set_num_threads, args=(count,))
-    setter.start()
-    setter.join()
+    _on_fresh_thread(lambda: torch.set_num_threads(count))
 
 
 @pytest.mark.parametrize("backend,max_stale", [("sync", 0), ("global-async", 1)])
@@ -176,11 +185,12 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
     # a set on a thread that never had its own count moves the default of threads started later
     # (the learner's executor thread): the step's count must not depend on it
     cores = os.cpu_count() or 1
+    default_threads = _on_fresh_thread(torch.get_num_threads)
     _set_default_threads(1)
     try:
         summary, consumed = await _train_checked(system, learner, steps=4)
     finally:
-        _set_default_threads(cores)
+        _set_default_threads(default_threads)
     assert summary["final_version"] == 4
     # taking turns, the learner takes every core; beside the decoding engine, the cores it leaves
     assert learner.threads == [cores if backend == "sync" else max(1, cores - 1)] * 4
