@@ -165,9 +165,10 @@ def one_shot_env_class() -> type:
 Point = tuple[float, float, int]
 
 
-def rewards_at_checkpoints(points: list[Point], budget_s: float, n: int) -> list[dict[str, Any]]:
+def rewards_at_checkpoints(points: list[Point], budget_s: float, n: int, key: str = "reward") -> list[dict[str, Any]]:
     """Reward at wall-clock checkpoints k·budget/n (k = 1..n): the trajectory-weighted mean
-    reward of the batches finished in ((k-1)·budget/n, k·budget/n]; None where none finished."""
+    reward of the batches finished in ((k-1)·budget/n, k·budget/n]; None where none finished.
+    Any other per-batch mean (tokens per completion, say) has the same curve, reported as `key`."""
     if budget_s <= 0 or n < 1:
         raise ValueError(f"budget_s must be > 0 and n >= 1, got {budget_s} and {n}")
     width = budget_s / n
@@ -176,7 +177,7 @@ def rewards_at_checkpoints(points: list[Point], budget_s: float, n: int) -> list
         lo, hi = (k - 1) * width, k * width
         window = [(r, m) for t, r, m in points if lo < t <= hi or (k == n and t > hi)]  # overrun → last
         total = sum(m for _, m in window)
-        out.append({"t_s": round(hi, 1), "reward": round(sum(r * m for r, m in window) / total, 4) if total else None,
+        out.append({"t_s": round(hi, 1), key: round(sum(r * m for r, m in window) / total, 4) if total else None,
                     "trajectories": total})
     return out
 
@@ -279,6 +280,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     points: list[Point] = []
     staleness: list[float] = []
     completion_tokens: list[float] = []  # per trajectory: what the policy sampled (TRL's completions/mean_length)
+    length_points: list[Point] = []  # per batch: (t, tokens per completion, trajectories), the length drift
     # seconds a step spends per phase: waiting for whole groups (generation not hidden by overlap),
     # the update, the weight push, the barrier until the engine runs the new version
     phase_keys = {"wait": "trainer_wait_s", "learn": "learn_s", "push": "push_stall_s", "barrier": "weight_sync_s"}
@@ -295,7 +297,9 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         t = time.perf_counter() - t0
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
-        completion_tokens.extend(traj.num_policy_tokens for g in rec["batch"] for traj in g.trajectories)
+        lengths = [traj.num_policy_tokens for g in rec["batch"] for traj in g.trajectories]
+        completion_tokens.extend(lengths)
+        length_points.append((round(t, 2), sum(lengths) / max(len(lengths), 1), len(lengths)))
         for name, key in phase_keys.items():
             phases[name].append(float(rec[key]))
         if rec["version"] != version:  # the learner stepped: the batch had an advantage
@@ -317,7 +321,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         timed_out = True
     finally:
         await engine.close()
-    return {"points": points, "signal_times": signal_times, "wall_s": round(time.perf_counter() - t0, 1),
+    return {"points": points, "length_points": length_points, "signal_times": signal_times,
+            "wall_s": round(time.perf_counter() - t0, 1),
             "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)",
@@ -458,6 +463,11 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "steps_per_hour": steps_per_hour(pts, s.budget_s),
             "signal_steps_per_hour": per_hour(r["signal_times"], s.budget_s) if "signal_times" in r else None,
             "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
+            # tokens per completion over the run: where a policy's answers lengthen or shorten
+            **({"completion_tokens_at": [{k: v for k, v in c.items() if k != "trajectories"}
+                                         for c in rewards_at_checkpoints(r["length_points"], s.budget_s,
+                                                                         s.checkpoints, key="tokens")]}
+               if r.get("length_points") else {}),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,
             **({k: r[k] for k in ("staleness_mean", "wait_s_mean", "learn_s_mean", "push_s_mean", "barrier_s_mean",
                                   "step_s_mean", "completion_tokens_mean", "trl_version", "transformers_version", "torch_threads",

@@ -36,6 +36,8 @@ def test_rewards_at_checkpoints_windows_and_weights() -> None:
     assert got[0]["trajectories"] == 20
     assert got[1]["reward"] == 0.25  # a batch after the budget counts in the last window
     assert learning.rewards_at_checkpoints([(5.0, 1.0, 8)], 60, 3)[1]["reward"] is None
+    lengths = learning.rewards_at_checkpoints([(10.0, 100.0, 8), (25.0, 40.0, 8)], 60, 2, key="tokens")
+    assert [c["tokens"] for c in lengths] == [70.0, None]  # any per-batch mean, under its own name
     with pytest.raises(ValueError, match="budget_s"):
         learning.rewards_at_checkpoints(points, 0, 2)
 
@@ -147,6 +149,8 @@ def test_learning_smallest_mode_prints_its_json_line(tmp_path: Path) -> None:
         assert len(system["reward_at"]) == 6
         assert 0 <= system["signal_steps_per_hour"] <= system["steps_per_hour"]
         assert 0 < system["completion_tokens_mean"] <= 32  # --max-tokens
+        tokens_at = [c["tokens"] for c in system["completion_tokens_at"] if c["tokens"] is not None]
+        assert len(system["completion_tokens_at"]) == 6 and tokens_at and all(0 < n <= 32 for n in tokens_at)
         # a step's seconds, split: waiting for groups, the update, the push, the barrier
         assert system["learn_s_mean"] > 0 and min(system[f"{p}_s_mean"] for p in ("wait", "push", "barrier")) >= 0
         assert points[name]
