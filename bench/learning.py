@@ -165,10 +165,10 @@ def one_shot_env_class() -> type:
 Point = tuple[float, float, int]
 
 
-def rewards_at_checkpoints(points: list[Point], budget_s: float, n: int, key: str = "reward") -> list[dict[str, Any]]:
-    """Reward at wall-clock checkpoints k·budget/n (k = 1..n): the trajectory-weighted mean
-    reward of the batches finished in ((k-1)·budget/n, k·budget/n]; None where none finished.
-    Any other per-batch mean (tokens per completion, say) has the same curve, reported as `key`."""
+def means_at_checkpoints(points: list[Point], budget_s: float, n: int, key: str = "reward") -> list[dict[str, Any]]:
+    """A per-batch mean (the reward; tokens per completion) at wall-clock checkpoints k·budget/n
+    (k = 1..n): the trajectory-weighted mean, under `key`, of the batches finished in
+    ((k-1)·budget/n, k·budget/n]; None where none finished."""
     if budget_s <= 0 or n < 1:
         raise ValueError(f"budget_s must be > 0 and n >= 1, got {budget_s} and {n}")
     width = budget_s / n
@@ -462,10 +462,10 @@ def summarize(s: Settings, runs: dict[str, dict[str, Any]], errors: dict[str, st
             "reward_final_ci95": final_reward_ci95(pts, s.budget_s),
             "steps_per_hour": steps_per_hour(pts, s.budget_s),
             "signal_steps_per_hour": per_hour(r["signal_times"], s.budget_s) if "signal_times" in r else None,
-            "reward_at": rewards_at_checkpoints(pts, s.budget_s, s.checkpoints),
+            "reward_at": means_at_checkpoints(pts, s.budget_s, s.checkpoints),
             # tokens per completion over the run: where a policy's answers lengthen or shorten
             **({"completion_tokens_at": [{k: v for k, v in c.items() if k != "trajectories"}
-                                         for c in rewards_at_checkpoints(r["length_points"], s.budget_s,
+                                         for c in means_at_checkpoints(r["length_points"], s.budget_s,
                                                                          s.checkpoints, key="tokens")]}
                if r.get("length_points") else {}),
             "time_to_level_s": time_to_level(pts, level) if level is not None else None,

@@ -28,18 +28,18 @@ run_all = _load("run_all")
 _trl_runner = _load("_trl_runner")
 
 
-def test_rewards_at_checkpoints_windows_and_weights() -> None:
+def test_means_at_checkpoints_windows_and_weights() -> None:
     points = [(10.0, 0.0, 8), (25.0, 0.5, 8), (29.0, 1.0, 4), (95.0, 0.25, 8)]
-    got = learning.rewards_at_checkpoints(points, budget_s=60, n=2)
+    got = learning.means_at_checkpoints(points, budget_s=60, n=2)
     assert [c["t_s"] for c in got] == [30.0, 60.0]
     assert got[0]["reward"] == pytest.approx((0 * 8 + 0.5 * 8 + 1.0 * 4) / 20)  # trajectory-weighted
     assert got[0]["trajectories"] == 20
     assert got[1]["reward"] == 0.25  # a batch after the budget counts in the last window
-    assert learning.rewards_at_checkpoints([(5.0, 1.0, 8)], 60, 3)[1]["reward"] is None
-    lengths = learning.rewards_at_checkpoints([(10.0, 100.0, 8), (25.0, 40.0, 8)], 60, 2, key="tokens")
+    assert learning.means_at_checkpoints([(5.0, 1.0, 8)], 60, 3)[1]["reward"] is None
+    lengths = learning.means_at_checkpoints([(10.0, 100.0, 8), (25.0, 40.0, 8)], 60, 2, key="tokens")
     assert [c["tokens"] for c in lengths] == [70.0, None]  # any per-batch mean, under its own name
     with pytest.raises(ValueError, match="budget_s"):
-        learning.rewards_at_checkpoints(points, 0, 2)
+        learning.means_at_checkpoints(points, 0, 2)
 
 
 def test_time_to_level_uses_trailing_mean() -> None:
