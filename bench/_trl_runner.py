@@ -83,8 +83,7 @@ def main() -> int:
     grader = Grader(json.loads(args.grader))
     points: list[list[float]] = []
     step_times: list[float] = []  # TRL's own step_time: generation + grading + update
-    completion_lengths: list[float] = []  # per step, TRL's completions/mean_length (tokens per completion)
-    length_points: list[list[float]] = []  # per step: [t, tokens per completion, completions]
+    length_points: list[list[float]] = []  # per step: [t, TRL's completions/mean_length, completions]
     # Steps whose batch carries an advantage (some group's rewards differ: TRL's frac_reward_zero_std
     # < 1). TRL runs its update on every batch, but on the others the policy gradient is zero.
     signal_times: list[float] = []
@@ -98,7 +97,7 @@ def main() -> int:
         Path(args.out).write_text(json.dumps({"points": points, "length_points": length_points,
                                               "signal_times": signal_times, "done": done,
                                               "step_s_mean": _mean(step_times, 3),
-                                              "completion_tokens_mean": _mean(completion_lengths, 2),
+                                              "completion_tokens_mean": _mean([p[1] for p in length_points], 2),
                                               "wall_s": round(time.perf_counter() - start["t"], 1), **facts}))
 
     def code_reward(prompts: list[Any], completions: list[Any], task_id: list[str], **_: Any) -> list[float]:
@@ -120,7 +119,6 @@ def main() -> int:
                 if "step_time" in logs:
                     step_times.append(float(logs["step_time"]))
                 if "completions/mean_length" in logs:
-                    completion_lengths.append(float(logs["completions/mean_length"]))
                     length_points.append([round(t, 2), float(logs["completions/mean_length"]),
                                           s["group_size"] * s["prompts_per_step"]])
                 write_result(False)

@@ -232,6 +232,12 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 3) if xs else None
 
 
+def _trajectory_mean(points: list[Point]) -> float | None:
+    """The mean over trajectories of per-batch means (each batch weighted by its trajectories)."""
+    total = sum(m for _, _, m in points)
+    return round(sum(x * m for _, x, m in points) / total, 3) if total else None
+
+
 # ---------------------------------------------------------------------------------------------
 # agentrl
 # ---------------------------------------------------------------------------------------------
@@ -279,8 +285,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     engine = make_engine(cfg)
     points: list[Point] = []
     staleness: list[float] = []
-    completion_tokens: list[float] = []  # per trajectory: what the policy sampled (TRL's completions/mean_length)
-    length_points: list[Point] = []  # per batch: (t, tokens per completion, trajectories), the length drift
+    # per batch: (t, policy tokens per trajectory, trajectories): TRL's completions/mean_length, over the run
+    length_points: list[Point] = []
     # seconds a step spends per phase: waiting for whole groups (generation not hidden by overlap),
     # the update, the weight push, the barrier until the engine runs the new version
     phase_keys = {"wait": "trainer_wait_s", "learn": "learn_s", "push": "push_stall_s", "barrier": "weight_sync_s"}
@@ -298,7 +304,6 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         points.append((round(t, 2), float(rec["reward_mean"]), int(rec["trajectories"])))
         staleness.append(float(rec["staleness_mean"]))
         lengths = [traj.num_policy_tokens for g in rec["batch"] for traj in g.trajectories]
-        completion_tokens.extend(lengths)
         length_points.append((round(t, 2), sum(lengths) / max(len(lengths), 1), len(lengths)))
         for name, key in phase_keys.items():
             phases[name].append(float(rec[key]))
@@ -323,7 +328,7 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
         await engine.close()
     return {"points": points, "length_points": length_points, "signal_times": signal_times,
             "wall_s": round(time.perf_counter() - t0, 1),
-            "staleness_mean": _mean(staleness), "completion_tokens_mean": _mean(completion_tokens),
+            "staleness_mean": _mean(staleness), "completion_tokens_mean": _trajectory_mean(length_points),
             **{f"{name}_s_mean": _mean(v) for name, v in phases.items()},
             "setup": "single-turn (agentrl Env, one turn)",
             "torch_threads": learner_threads(backend, engine.own_threads, os.cpu_count() or 1),
