@@ -547,6 +547,31 @@ BUILTIN_ENVS: dict[str, str] = {
 _REGISTRY: dict[str, Any] = {}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
+# Foreign environments, named "SCHEME:SPEC" (docs/interop.md): the scheme picks an adapter class,
+# an ordinary `Env` subclass built as `Adapter(spec=SPEC, **kwargs)`. Each adapter imports its
+# third-party package lazily; `extra` is the pip extra that installs it.
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    entry_point: str  # "agentrl.interop.MODULE:Class"
+    extra: str  # pip install 'agentrl[EXTRA]'
+    example: str  # one spec that shows the form, for error messages
+
+
+SCHEMES: dict[str, Scheme] = {}
+
+
+def register_scheme(name: str, entry_point: str, *, extra: str, example: str) -> None:
+    """Name a family of foreign envs: `make("NAME:SPEC")` builds `entry_point(spec=SPEC, ...)`."""
+    SCHEMES[name] = Scheme(entry_point, extra, example)
+
+
+def split_scheme(name: str) -> tuple[Scheme, str] | None:
+    """(the scheme, its spec) when `name` is "SCHEME:SPEC" for a registered scheme, else None.
+    Checked before "package.module:Class", so a scheme shadows a top-level module of its name."""
+    prefix, sep, spec = name.partition(":")
+    scheme = SCHEMES.get(prefix) if sep else None
+    return (scheme, spec) if scheme is not None else None
+
 
 def gym_id(name: str) -> str:
     """The Gymnasium id of a registered agentrl env."""
@@ -620,8 +645,22 @@ def _import_file(path: str) -> Any:
     return module
 
 
+def env_class(name: str) -> Any:
+    """The class (or factory) `make(name)` calls, imported but not built."""
+    if (found := split_scheme(name)) is not None:
+        return load_entry_point(found[0].entry_point)
+    target = _REGISTRY.get(name, name)
+    return load_entry_point(target) if isinstance(target, str) else target
+
+
 def make(name: str, **kwargs: Any) -> Env:
-    """Build a registered env by name, or a user's class by "package.module:Class"."""
+    """Build a registered env by name, a foreign env by "SCHEME:SPEC" (`SCHEMES`), or a user's
+    class by "package.module:Class"."""
+    if (found := split_scheme(name)) is not None:
+        scheme, spec = found
+        env = load_entry_point(scheme.entry_point)(spec=spec, **kwargs)
+        env.spec = dataclasses.replace(gym.spec(FOREIGN_GYM_ID), kwargs={"name": name, **kwargs})
+        return env
     if name in _REGISTRY:
         target = _REGISTRY[name]
     elif ":" in name:
@@ -641,7 +680,25 @@ def make(name: str, **kwargs: Any) -> Env:
 for _name, _target in BUILTIN_ENVS.items():
     register(_name, _target)
 
+# The ecosystems agentrl adapts (docs/interop.md). A user's own scheme: register_scheme(...).
+for _name, _cls, _extra, _example in [
+    ("openenv", "agentrl.interop.openenv:OpenEnvEnv", "openenv", "openenv:http://127.0.0.1:8000"),
+    ("trl", "agentrl.interop.trl:TRLEnv", "trl", "trl:my_pkg.envs:MyEnv"),
+    ("reasoning_gym", "agentrl.interop.reasoning_gym:ReasoningGymEnv", "reasoning-gym",
+     "reasoning_gym:chain_sum+basic_arithmetic"),
+    ("textarena", "agentrl.interop.textarena:TextArenaEnv", "textarena", "textarena:GuessTheNumber-v0"),
+    ("verifiers", "agentrl.interop.verifiers:VerifiersEnv", "verifiers", "verifiers:my_pkg.my_env"),
+]:
+    register_scheme(_name, _cls, extra=_extra, example=_example)
+
+# gymnasium.make("agentrl/env-v0", name="reasoning_gym:chain_sum") builds any env agentrl can name
+# (a gymnasium id cannot carry a URL or a module path).
+FOREIGN_GYM_ID = "agentrl/env-v0"
+gym.envs.registry.pop(FOREIGN_GYM_ID, None)
+gym.register(id=FOREIGN_GYM_ID, entry_point="agentrl.env:make")
+
 __all__ = [
-    "BUILTIN_ENVS", "CallOutcome", "Env", "EnvError", "EpisodeOverError", "TextSpace", "ToolEnv",
-    "gym_id", "has_demonstrations", "list_envs", "load_entry_point", "make", "register", "registry",
+    "BUILTIN_ENVS", "FOREIGN_GYM_ID", "SCHEMES", "CallOutcome", "Env", "EnvError", "EpisodeOverError",
+    "Scheme", "TextSpace", "ToolEnv", "env_class", "gym_id", "has_demonstrations", "list_envs",
+    "load_entry_point", "make", "register", "register_scheme", "registry", "split_scheme",
 ]

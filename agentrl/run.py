@@ -46,11 +46,19 @@ def _slug(text: str) -> str:
 
 
 def check_env_name(name: str) -> None:
-    """Fail before any work if `name` is neither registered nor an importable module:Class."""
+    """Fail before any work if `name` is neither registered, nor a foreign env "SCHEME:SPEC" whose
+    adapter accepts SPEC, nor an importable module:Class."""
     import agentrl
-    from agentrl.env import load_entry_point
+    from agentrl.env import env_class, load_entry_point, split_scheme
 
     if name in agentrl.registry():
+        return
+    if (found := split_scheme(name)) is not None:
+        # An adapter may check its spec before any work (the package installed, the game known):
+        # it raises UserError/ConfigError with the fix.
+        check_spec = getattr(env_class(name), "check_spec", None)
+        if check_spec is not None:
+            check_spec(found[1])
         return
     if ":" not in name:
         raise ConfigError(f"unknown env '{name}'; registered: {', '.join(agentrl.list_envs())} "
@@ -131,11 +139,9 @@ def make_env(cfg: Config, pool: Any) -> Any:
 
 
 def _is_tool_env(name: str) -> bool:
-    import agentrl
-    from agentrl.env import ToolEnv, load_entry_point
+    from agentrl.env import ToolEnv, env_class
 
-    target = agentrl.registry().get(name, name)
-    cls = load_entry_point(target)
+    cls = env_class(name)
     return isinstance(cls, type) and issubclass(cls, ToolEnv)
 
 

@@ -150,6 +150,11 @@ class Trajectory:
     finished_version: int | None = None  # trainer version when it finished (staleness, §1.3)
     timings: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # How the token rows were built: "append" when every turn's prompt extended the previous prompt
+    # and completion token for token (one segment per context window); "stepwise" when a chat
+    # template rewrote earlier turns, so each policy request is its own segment (its prompt and its
+    # sample) sharing the episode's reward and advantage.
+    mode: str = "append"
 
     @property
     def num_turns(self) -> int:

