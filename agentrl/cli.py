@@ -24,7 +24,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="= model.name: smollm2-135m (embedded), a local HF folder or a hub id")
     p.add_argument("--ray", metavar="ADDRESS", help="run on Ray: 'local' or a cluster address such as auto")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config, non-default values marked, and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentrl.config import dump_config
+    from agentrl.config import explain_config, load_config
 
     overrides = list(args.overrides)
     for flag, key in (("backend", "laminar.backend"), ("engine", "engine.kind"), ("model", "model.name")):
@@ -105,7 +105,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     plan = prepare_run(env=args.env, config_file=args.config, overrides=overrides, resume=args.resume)
     if args.dry_run:
-        print(dump_config(plan.config), end="")
+        print(explain_config(plan.config, load_config()), end="")
         return 0
     from agentrl.run import train
 

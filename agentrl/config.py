@@ -1,9 +1,13 @@
-"""Typed configuration: dataclasses, YAML files and dotted overrides (design §10).
+"""Typed configuration: dataclasses, YAML files and dotted overrides (architecture.md §10).
 
     cfg = load_config(env="code", overrides=["trainer.lr=1e-6"])
 
 Every key is checked before any work starts: an unknown key names the allowed keys, an
-ill-typed value names the expected type (and the allowed values for a choice).
+ill-typed value names the expected type (and the allowed values for a choice), and a key that
+moved names its new place (`MOVED`).
+
+The user surface is what `configs/base.yaml` lists, one line of meaning per key; every other field
+is an advanced setting, listed in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ class ConfigError(ValueError):
     """A bad config; the message names the key and what is allowed."""
 
 
+# Keys that moved or merged: a file or override that still uses one stops with a line naming the new key
+# (not mapped silently: a merged key's meaning changed with it).
+MOVED = {
+    "trainer.seed": "run.seed (the run's one seed)",
+    "model.dtype": "engine.dtype (the engine's one precision; auto follows trainer.dtype)",
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # Sections. Defaults fit a 2-core CPU with the embedded model; algorithms.md gives the rest.
 # ---------------------------------------------------------------------------------------------
@@ -38,7 +50,6 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "smollm2-135m"  # embedded default, a local HF folder, or a hub id
     cache_dir: str = "~/.cache/agentrl/models"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 @dataclass
@@ -56,8 +67,8 @@ class EngineConfig:
     # hf: prompt-lookup speculation, drafts per decode step from the row's own context (exact: the
     # output distribution and log-probs are plain decoding's); 0 = off
     speculative_tokens: int = 4
-    # hf: the forward's precision (autocast; the linear weights kept in it). auto: the trainer's
-    # (trainer.dtype resolved), so the engine samples in the precision the trainer scores in
+    # The engine's one precision (hf: autocast, the linear weights kept in it; vllm: the model's dtype).
+    # auto: the trainer's (trainer.dtype resolved), so the engine samples in the precision the trainer scores in
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # hf: where it generates; auto = a GPU when torch sees one
     # hf under bf16 on CPU: keep each linear weight packed in oneDNN's blocked layout between steps
@@ -107,7 +118,6 @@ class RolloutConfig:
     max_context_tokens: int = 2048
     # A task field (e.g. "kind") whose values RL's prompts take turns over (laminar/prompts.py):
     # each value as often as the others, not in proportion to its number of tasks. None: shuffled.
-    # On search, kinds in turn gave no larger RL gain over three seeds (docs/benchmarks.md, stop 44).
     balance_key: str | None = None
 
 
@@ -145,8 +155,7 @@ class WarmStartConfig:
     lr: float = 5.0e-5
     batch_size: int = 8  # sequences per optimizer step
     # glibc's mmap threshold during the steps (heap.mapped_tensors): tensors this large get their own
-    # mapping, freed at once (a lower peak) but faulted in fresh (slower). search's 2-step warm start:
-    # 0.125 MiB 66-72 s / 2.90 GB peak, 16 MiB 45.5 s / 3.99 GB (docs/benchmarks.md, stop 33)
+    # mapping, freed at once (a lower peak) but faulted in fresh (slower); lower trades speed for memory
     mmap_threshold_mb: float = 0.125
     # Replay during RL (InstructGPT's PPO-ptx, with the demonstrations as the "pretraining" data): each
     # RL update also descends replay_coef x the SFT loss of replay_rows warm-start sequences, so RL's
@@ -202,7 +211,8 @@ class TrainerConfig:
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     checkpoint_every: int = 5
-    seed: int = 0
+    # Derived, not a key: load_config copies run.seed here, the one seed of a run (LoRA init, mini-batch order)
+    seed: int = field(default=0, metadata={"derived": "run.seed"})
     num_learners: int = 1  # data-parallel learner processes, FSDP2-sharded (gloo on CPU, NCCL on GPUs)
     learner_num_gpus: float = 0.0  # on Ray (--ray): each learner rank's GPUs (1: NCCL), placed by Ray
     learner_num_cpus: float = 1.0  # on Ray: each learner rank's CPUs (its torch threads)
@@ -225,9 +235,9 @@ class TrainerConfig:
 class RewardConfig:
     """G-RA, algorithms.md §3: step rewards count only when the outcome passes the gate."""
 
-    # Step rewards only for a full success (outcome >= 1). With a 0/1 outcome a gate of 0 passes every
-    # wrong answer, and GRPO's std normalisation turns their turn-count differences (0.04 vs 0.06) into
-    # ±1.5 advantages: a measured search run lost held-out success that way. None = D-RA (ungated).
+    # Step rewards count only when the outcome reaches the gate (1: a full success). With a 0/1 outcome a
+    # gate of 0 passes every wrong answer, and GRPO's std normalisation turns their small step-reward
+    # differences into large advantages. None = D-RA (ungated).
     gate: float | None = 1.0
     step_reward_alpha: float = 0.01
 
@@ -289,7 +299,7 @@ class RunConfig:
     tensorboard: bool = False
     wandb: bool = False
     save_trajectories: int = 4  # trajectories per step written to trajectories.jsonl
-    seed: int = 0
+    seed: int = 0  # the run's one seed: sampling, prompt order, buffer, LoRA init, mini-batch order
 
 
 @dataclass
@@ -318,7 +328,8 @@ class Config:
 
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if "derived" not in f.metadata}
     if isinstance(obj, tuple):
         return list(obj)
     return obj
@@ -403,6 +414,8 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else key
+        if full in MOVED:
+            raise ConfigError(f"config key '{full}' has moved: use {MOVED[full]}")
         if key not in hints:
             raise ConfigError(f"unknown config key '{full}'; allowed keys{' in ' + prefix if prefix else ''}: "
                               + ", ".join(names))
@@ -464,6 +477,7 @@ def load_config(env: str | None = None, config_file: str | Path | None = None,
     for text in overrides or []:
         data = _merge(data, parse_override(text))
     cfg = _build(Config, data)
+    cfg.trainer.seed = cfg.run.seed
     if cfg.eval.concurrency is None:
         cfg.eval.concurrency = cfg.rollout.concurrency
     if cfg.sandbox.pool_size is None:  # fewer sandboxes than trajectories in flight makes the rest wait,
@@ -553,3 +567,60 @@ def validate(cfg: Config) -> None:
 
 def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"trainer": {"lr": 1e-5}} → {"trainer.lr": 1e-5}; a dict-typed field (env.kwargs) is one leaf."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and full not in _DICT_FIELDS:
+            out.update(flatten(value, full))
+        else:
+            out[full] = value
+    return out
+
+
+def _dict_fields(cls: type, prefix: str = "") -> set[str]:
+    out = set()
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        full = f"{prefix}.{f.name}" if prefix else f.name
+        if dataclasses.is_dataclass(tp):
+            out |= _dict_fields(tp, full)
+        elif get_origin(tp) is dict or (get_origin(tp) in (Union, types.UnionType)
+                                        and any(get_origin(a) is dict for a in get_args(tp))):
+            out.add(full)
+    return out
+
+
+_DICT_FIELDS = _dict_fields(Config)
+
+
+def explain_config(cfg: Config, default: Config) -> str:
+    """The resolved config as YAML, a value that differs from `default` marked `# set (default: X)`.
+    Still valid YAML: it loads back as --config."""
+    values, defaults = flatten(cfg.to_dict()), flatten(default.to_dict())
+    lines = ["# agentrl: the resolved config; '# set' marks a value that differs from the default "
+             "(configs/base.yaml: the user surface; docs/configuration.md: every key)"]
+    _emit(lines, values, defaults)
+    return "\n".join(lines) + "\n"
+
+
+def _inline(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).removesuffix("\n...\n").strip()
+
+
+def _emit(lines: list[str], values: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Append flat `values` as nested YAML (a section opened when the path changes), marking the
+    non-default ones."""
+    section: list[str] = []
+    for key, value in values.items():
+        *path, name = key.split(".")
+        common = 0
+        while common < min(len(path), len(section)) and path[common] == section[common]:
+            common += 1
+        lines.extend("  " * depth + f"{path[depth]}:" for depth in range(common, len(path)))
+        section = path
+        mark = f"  # set (default: {_inline(defaults.get(key))})" if value != defaults.get(key) else ""
+        lines.append("  " * len(path) + f"{name}: {_inline(value)}{mark}")

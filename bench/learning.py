@@ -259,7 +259,7 @@ def agentrl_config(s: Settings, backend: str) -> Any:
         f"sampling.temperature={s.temperature}", f"sampling.max_tokens={s.max_tokens}",
         f"trainer.batch_groups={s.prompts_per_step}", "trainer.steps=100000", f"trainer.lr={s.lr}",
         f"trainer.clip_low={s.clip_low}", f"trainer.clip_high={s.clip_high}", f"trainer.grad_clip={s.grad_clip}",
-        f"trainer.micro_batch_size={s.group_size * s.prompts_per_step}", f"trainer.seed={s.seed}",
+        f"trainer.micro_batch_size={s.group_size * s.prompts_per_step}",
         "trainer.weight_decay=0.0", "trainer.warmup_steps=0", "trainer.advantage=grpo", "trainer.loss=ppo",
         "trainer.loss_agg=token-mean", "trainer.kl_coef=0.0", "engine.max_batch_size=16",
         f"trainer.dtype={s.dtype}",  # TRL's GRPOTrainer gets the same (_trl_runner.py: bf16=True or not)

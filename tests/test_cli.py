@@ -34,6 +34,20 @@ def test_dry_run_prints_the_resolved_config(capsys: pytest.CaptureFixture[str]) 
     assert cfg["laminar"]["backend"] == "sync"
 
 
+def test_dry_run_marks_what_differs_from_the_defaults(tmp_path: Path) -> None:
+    """The README's `agentrl train --env search --dry-run`: each value the env's config or the
+    command line changed is marked with its default, the rest are not, and the output loads back."""
+    out = run("train", "--env", "search", "--dry-run", "trainer.steps=2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "  steps: 2  # set (default: 10)" in lines  # the command line's
+    assert "  name: search  # set (default: code)" in lines  # the env's
+    assert "  lr: 1.0e-05" in lines and "  group_size: 4" in lines  # left at their defaults: unmarked
+    (tmp_path / "dry.yaml").write_text(out.stdout)
+    again = run("train", "--env", "search", "--config", str(tmp_path / "dry.yaml"), "--dry-run")
+    assert again.returncode == 0 and yaml.safe_load(again.stdout) == yaml.safe_load(out.stdout)
+
+
 def test_bad_value_exits_2_with_the_key_named() -> None:
     out = run("train", "--env", "code", "trainer.lr=abc", "--dry-run")
     assert out.returncode == 2

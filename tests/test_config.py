@@ -1,10 +1,12 @@
 """Config: YAML + dotted overrides, strict keys and types, clear messages."""
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from agentrl.config import ConfigError, dump_config, load_config, parse_override
+from agentrl.config import MOVED, ConfigError, dump_config, load_config, parse_override
 
 
 def test_defaults_and_env_file_and_overrides() -> None:
@@ -89,3 +91,45 @@ def test_bad_file() -> None:
 def test_parse_override_nesting() -> None:
     assert parse_override("a.b.c=3") == {"a": {"b": {"c": 3}}}
     assert parse_override("a=x=y") == {"a": "x=y"}
+
+
+BASE = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"
+CONFIGURATION_MD = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def test_base_yaml_is_the_user_surface_each_key_with_its_meaning() -> None:
+    from agentrl.config import flatten
+
+    surface = flatten(yaml.safe_load(BASE.read_text()))
+    assert 20 <= len(surface) <= 40, f"{len(surface)} user keys: the surface a user reads must stay <= 40"
+    for line in BASE.read_text().splitlines():
+        if ":" in line and not line.lstrip().startswith("#") and not line.rstrip().endswith(":"):
+            assert "#" in line, f"configs/base.yaml: '{line.strip()}' has no one-line meaning"
+    resolved = flatten(load_config().to_dict())
+    for key, value in surface.items():
+        assert resolved[key] == value, key  # base.yaml's values are the defaults a run gets
+
+
+def test_every_other_key_is_listed_in_docs_configuration() -> None:
+    """The advanced keys are not in base.yaml: docs/configuration.md lists each with its meaning."""
+    from agentrl.config import flatten
+
+    surface = set(flatten(yaml.safe_load(BASE.read_text())))
+    documented = set(re.findall(r"^\| `([a-z_.]+)` \|", CONFIGURATION_MD.read_text(), flags=re.M))
+    advanced = set(flatten(load_config().to_dict())) - surface
+    assert not advanced - documented, f"advanced keys missing from docs/configuration.md: {sorted(advanced - documented)}"
+    unknown = documented - advanced - surface - set(MOVED)
+    assert not unknown, f"docs/configuration.md lists keys that do not exist: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(("override", "new_key"), [("trainer.seed=3", "run.seed"),
+                                                   ("model.dtype=bfloat16", "engine.dtype")])
+def test_a_moved_key_names_its_new_place(override: str, new_key: str) -> None:
+    with pytest.raises(ConfigError, match=f"has moved: use {new_key}"):
+        load_config("code", overrides=[override])
+
+
+def test_one_seed_reaches_the_learner() -> None:
+    cfg = load_config("code", overrides=["run.seed=7"])
+    assert cfg.trainer.seed == 7  # LoRA init and mini-batch order follow run.seed
+    assert "seed" not in cfg.to_dict()["trainer"]  # not a key of its own: a dumped config reloads

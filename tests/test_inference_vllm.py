@@ -47,7 +47,7 @@ async def engine(model_path):
     from agentrl.inference.vllm import VLLMEngine
     from tests.test_engine_conformance import engine_config
 
-    eng = make_engine(engine_config("vllm", **{"engine.max_batch_size": "8", "model.dtype": "float32"}))
+    eng = make_engine(engine_config("vllm", **{"engine.max_batch_size": "8", "engine.dtype": "float32"}))
     assert isinstance(eng, VLLMEngine)
     yield eng
     await eng.close()
@@ -161,7 +161,7 @@ async def test_lora_run_pushes_adapters_that_vllm_applies_as_the_learner_does(mo
     from agentrl.trainer.distributed import make_learner
     from tests.test_engine_conformance import engine_config
 
-    cfg = engine_config("vllm", **{"model.dtype": "float32", "trainer.dtype": "float32", "trainer.lora.rank": "8",
+    cfg = engine_config("vllm", **{"engine.dtype": "float32", "trainer.dtype": "float32", "trainer.lora.rank": "8",
                                    "trainer.lora.targets": "[q_proj,v_proj]"})
     assert engines_take_adapters(cfg)
     learner = make_learner(model_path, cfg.trainer)

@@ -22,7 +22,7 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
 def make_engine(cfg: Config) -> InferenceEngine:
     """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
-    from agentrl.models import autocast_dtype, resolve_configured, resolve_device
+    from agentrl.models import resolve_configured, resolve_device
 
     kind = cfg.engine.kind
     path = resolve_configured(cfg.model)  # openai too: the rollout tokenizes with a local copy
@@ -37,17 +37,25 @@ def make_engine(cfg: Config) -> InferenceEngine:
         from agentrl.inference.hf import HFEngine
 
         device = resolve_device(cfg.engine.device)
-        return HFEngine(path, dtype=cfg.model.dtype, max_batch_size=cfg.engine.max_batch_size, device=device,
+        # fp32 master weights (the trainer's pushes land in them); the forward runs in engine.dtype
+        return HFEngine(path, dtype="float32", max_batch_size=cfg.engine.max_batch_size, device=device,
                         seed=cfg.run.seed, max_model_len=cfg.engine.max_model_len,
                         prefix_cache_mb=cfg.engine.prefix_cache_mb,
                         speculative_tokens=cfg.engine.speculative_tokens, pack_weights=cfg.engine.pack_weights,
-                        autocast=autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype,
-                                                device))
+                        autocast=engine_dtype(cfg, device))
     if kind == "vllm":
         from agentrl.inference.vllm import VLLMEngine
 
-        return VLLMEngine(path, dtype=cfg.model.dtype, max_model_len=cfg.engine.max_model_len,
+        return VLLMEngine(path, dtype=engine_dtype(cfg, resolve_device(cfg.engine.device)), max_model_len=cfg.engine.max_model_len,
                           max_num_seqs=cfg.engine.max_batch_size,
                           gpu_memory_utilization=cfg.engine.gpu_memory_utilization, seed=cfg.run.seed,
                           lora=cfg.trainer.lora)
     raise ValueError(f"engine.kind {kind!r} is not one of 'hf', 'vllm', 'openai'")
+
+
+def engine_dtype(cfg: Config, device: str) -> str:
+    """engine.dtype resolved on `device`: auto follows trainer.dtype, so the engine samples in the
+    precision the trainer scores in."""
+    from agentrl.models import autocast_dtype
+
+    return autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype, device)
