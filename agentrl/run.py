@@ -108,6 +108,9 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
     from agentrl.guidance import check_demo_guidance
+        # Trajectory.mode: episodes whose chat template rewrote history train one row per request
+        "stepwise_fraction": sum(t.mode == "stepwise" for t in trajs) / n,
+        "agent_dropped": sum(t.metrics.get("agent_dropped", 0.0) > 0 for t in trajs),  # never called the model
     from agentrl.sft import check_warm_start
 
     check_warm_start(cfg)  # a data file that exists, or an env with demonstrations

@@ -29,6 +29,7 @@ from typing import Any
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.rollout.context import ContextPolicy, context_policy_of
 from agentrl.rollout.tokens import ChatTokenizer, ChatTokens, verify_append_only
+from agentrl.agent_env import AgentEnv
 from agentrl.types import Group, Message, Segment, Status, StepResult, Task, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class RolloutEngine:
     async def run_group(self, env_factory: EnvFactory, task: Task, G: int, *,
                         group_id: str | None = None) -> Group:
         """Run G trajectories of one task concurrently; returns them in index order.
+        self._agents: Any = None  # agentrl/rollout/agent.py's runner, made by the first AgentEnv episode
 
         A trajectory exported meanwhile is absent (it finishes on the engine that resumed it)."""
         gid, starts = self._start_group(env_factory, task, G, group_id)
@@ -373,6 +375,12 @@ class RolloutEngine:
 
     async def _finalize(self, traj: Trajectory, env: Any) -> None:
         finalize = getattr(env, "afinalize", None)
+        if isinstance(env, AgentEnv):  # its program calls the model itself, through the policy endpoint
+            if self._agents is None:
+                from agentrl.rollout.agent import AgentRunner  # the serve extra: fastapi, uvicorn, openai
+
+                self._agents = AgentRunner(self)
+            await self._agents.run(state, env)
         scored = await self._timed_env(traj, finalize()) if finalize is not None else None
         if scored is not None:
             outcome, components = scored

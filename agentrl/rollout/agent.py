@@ -1,0 +1,129 @@
+"""Agent episodes inside the rollout engine: an `AgentEnv`'s program runs against the policy
+endpoint, and its recorded requests become the trajectory (issue 54).
+
+The rollout engine hands an `AgentEnv` here instead of stepping it; everything around the episode
+(the concurrency bound, the wall-clock budget, cancellation, Laminar's weight-version rules,
+progress) stays the engine's. One endpoint serves every agent episode of a rollout engine: it is
+started by the first episode and stopped when the last one ends, so nothing listens between
+rollouts or after the run.
+
+How an episode ends:
+- `run` returns: `finished`, with its reward; the trajectory is the requests' samples, one
+  growing sequence or step-wise rows (`agentrl/rollout/stepwise.py`), `Trajectory.mode` says which;
+- `run` raises: `error`, with the program's traceback in `Trajectory.error`;
+- `run` never called the model: `error`, dropped (`metrics["agent_dropped"]`): nothing to train;
+- a request past the context limit or `max_requests` was refused and the program gave up:
+  `truncated`;
+- the wall-clock budget ran out: the engine cancels the episode (`aborted`); its open requests are
+  aborted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from typing import Any
+
+import openai
+
+from agentrl.endpoint import Episode, PolicyEndpoint
+from agentrl.rollout.engine import RolloutState, _End
+from agentrl.rollout.stepwise import Sample, segments_from_samples
+from agentrl.types import Status
+
+REFUSALS = {"context_length_exceeded": "context", "request_budget_exhausted": "requests"}
+
+
+class AgentProgramError(RuntimeError):
+    """The agent program raised: its traceback ends the episode's `error` text."""
+
+
+class AgentRunner:
+    """Runs AgentEnv episodes for one RolloutEngine (duck-typed: engine, chat, sampling,
+    max_context_tokens, _progress)."""
+
+    def __init__(self, rollout: Any) -> None:
+        self.rollout = rollout
+        self.endpoint: PolicyEndpoint | None = None
+        self._users = 0
+        self._lock = asyncio.Lock()
+        self._reports: set[asyncio.Future[Any]] = set()
+
+    async def _acquire(self) -> PolicyEndpoint:
+        async with self._lock:
+            if self.endpoint is None:
+                r = self.rollout
+                endpoint = PolicyEndpoint(r.engine, r.chat.tokenizer, max_context_tokens=r.max_context_tokens,
+                                          sampling=r.sampling, eos_token_ids=list(r.chat.eos_token_ids),
+                                          pin_sampling=True)
+                await endpoint.start()
+                self.endpoint = endpoint
+            self._users += 1
+            return self.endpoint
+
+    async def _release(self) -> None:
+        async with self._lock:
+            self._users -= 1
+            if self._users == 0 and self.endpoint is not None:
+                endpoint, self.endpoint = self.endpoint, None
+                await endpoint.stop()
+
+    async def run(self, state: RolloutState, env: Any) -> None:
+        """Run the episode of `state.trajectory.task` on `env`; always ends by raising `_End` (or
+        an error / cancellation the engine turns into the trajectory's status)."""
+        traj = state.trajectory
+        traj.env = traj.env or str(getattr(env, "name", type(env).__name__))
+        endpoint = await asyncio.shield(self._acquire())
+        episode = endpoint.open_episode(seed=state.seed, parser=env.parser, max_requests=env.max_requests,
+                                        on_sample=lambda s: self._on_sample(state, episode, s))
+        client = openai.AsyncOpenAI(base_url=episode.base_url, api_key=episode.key, max_retries=0,
+                                    timeout=self.rollout.trajectory_timeout_s)
+        try:
+            await env.open(traj.task)
+            try:
+                result = await env.run(traj.task, client)
+            except Exception as e:
+                self._build(state, episode)
+                if episode.samples and (refused := _refusal(episode)):
+                    raise _End(Status.TRUNCATED, refused) from e
+                raise AgentProgramError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}") from e
+            self._build(state, episode)
+            if not episode.samples:
+                traj.metrics["agent_dropped"] = 1.0
+                raise _End(Status.ERROR, "dropped: the agent program never called the model")
+            traj.outcome_reward, traj.reward_components = await env.score(traj.task, result)
+            traj.reward = traj.outcome_reward
+            raise _End(Status.FINISHED)
+        finally:
+            episode.close()  # aborts whatever the program still has in flight
+            await asyncio.shield(self._close(client))
+
+    async def _close(self, client: Any) -> None:
+        try:
+            await client.close()
+        finally:
+            await self._release()
+
+    def _on_sample(self, state: RolloutState, episode: Episode, sample: Sample) -> None:
+        traj = state.trajectory
+        state.step += 1
+        traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + sample.generate_seconds
+        if traj.policy_versions - {sample.version}:
+            traj.metrics["version_switches"] = traj.metrics.get("version_switches", 0.0) + 1.0
+        self._build(state, episode)
+        report = asyncio.ensure_future(self.rollout._progress(traj))
+        self._reports.add(report)  # held until done (the loop keeps only weak references)
+        report.add_done_callback(self._reports.discard)
+
+    def _build(self, state: RolloutState, episode: Episode) -> None:
+        """The trajectory as the samples so far make it: segments, mode, messages, step rewards."""
+        traj = state.trajectory
+        traj.segments, traj.mode = segments_from_samples(episode.samples)
+        traj.step_rewards = [0.0] * len(episode.samples)
+        traj.messages = episode.conversation.last_context
+        state.actions = [s.text for s in episode.samples]
+
+
+def _refusal(episode: Episode) -> str | None:
+    """Why the endpoint refused one of the episode's requests, as a truncation reason."""
+    return next((REFUSALS[code] for code in episode.refused if code in REFUSALS), None)
