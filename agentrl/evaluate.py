@@ -261,7 +261,7 @@ class HeldOutEvaluator:
 
         t0 = time.perf_counter()
         from agentrl.inference.base import all_cores
-        from agentrl.laminar.loop import weight_views
+        from agentrl.trainer.weights import weight_views
         from agentrl.progress import status
         from agentrl.run import is_success
 

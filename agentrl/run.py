@@ -108,9 +108,6 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
     from agentrl.guidance import check_demo_guidance
-        # Trajectory.mode: episodes whose chat template rewrote history train one row per request
-        "stepwise_fraction": sum(t.mode == "stepwise" for t in trajs) / n,
-        "agent_dropped": sum(t.metrics.get("agent_dropped", 0.0) > 0 for t in trajs),  # never called the model
     from agentrl.sft import check_warm_start
 
     check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
@@ -259,7 +256,7 @@ class _StagedLearner:
     def state_dict_views(self) -> dict[str, Any]:
         """What the loop pushes: views where the learner offers them (see laminar.loop)."""
         self._pushing()
-        from agentrl.laminar.loop import weight_views
+        from agentrl.trainer.weights import weight_views
 
         return weight_views(self._learner)
 
@@ -482,7 +479,7 @@ async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
     from disk and hold views of the learner's parameters, or nothing, until the first push moves
     them onto the relay's snapshot (`share_first_snapshot`). They generate nothing before that
     push, so the base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
-    from agentrl.laminar.loop import weight_views
+    from agentrl.trainer.weights import weight_views
 
     shared = False
     for engine in engines:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.laminar.runtime import process_start_time
+from agentrl.inference import make_engine
+from agentrl.laminar.runtime import current_node, local_cluster_cpus, process_start_time, ray_runtime
 from agentrl.sandboxes.ray_pool import (
     ACTOR_PREFIX,
     NodePoolClient,
@@ -28,17 +29,9 @@ from agentrl.sandboxes.ray_pool import (
     start_node_pools,
 )
 
-
-def current_node() -> str:
-    """This process's Ray node id, or "local" outside Ray."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return str(ray.get_runtime_context().get_node_id())
-    except ImportError:
-        pass
-    return "local"
+__all__ = ["EngineFactory", "NodeEnvFactory", "OwnedPoolClient", "OwnedSandboxPool", "RemoteEngine", "current_node",
+           "local_cluster_cpus", "loop_runtime", "node_pool", "pool_metrics", "ray_session", "start_pools",
+           "stop_pools"]
 
 
 @dataclass
@@ -48,8 +41,6 @@ class EngineFactory:
     cfg: Config
 
     def __call__(self) -> Any:
-        from agentrl.inference import make_engine
-
         return make_engine(self.cfg)
 
 
@@ -182,15 +173,6 @@ async def stop_pools(pools: dict[str, Any]) -> None:
             ray.kill(actor, no_restart=True)
 
 
-def local_cluster_cpus(cfg: Config) -> int:
-    """Logical CPUs of a `--ray local` cluster: enough for every actor this run reserves
-    (Ray would otherwise leave an actor pending forever on a small machine)."""
-    lam, tr = cfg.laminar, cfg.trainer
-    learners = tr.num_learners * tr.learner_num_cpus if tr.num_learners > 1 else 0  # Ray-placed ranks
-    needed = lam.num_workers * lam.worker_num_cpus + lam.pool_num_cpus + learners + 1
-    return max(os.cpu_count() or 1, int(needed + 0.999))
-
-
 @dataclass
 class RemoteEngine(EngineFactory):
     """The driver's placeholder for an engine a Ray actor builds: callable there, closable here."""
@@ -207,8 +189,6 @@ async def ray_session(cfg: Config) -> AsyncIterator[Any]:
     if cfg.laminar.ray_address is None:
         yield None
         return
-    from agentrl.laminar.loop import ray_runtime
-
     runtime = await asyncio.to_thread(ray_runtime, cfg)
     try:
         yield runtime

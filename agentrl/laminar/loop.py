@@ -36,10 +36,12 @@ from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
 from agentrl.laminar.prompts import PromptPool
 from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
-from agentrl.laminar.runtime import ActorDied, LocalRuntime, RayRuntime, Resources, Runtime, gather_alive
+from agentrl.laminar.runtime import ActorDied, LocalRuntime, Resources, Runtime, gather_alive, ray_runtime
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.progress import status as run_status
 from agentrl.threads import release_idle_workers, threads_per_block, to_thread_releasing, torch_threads
+from agentrl.trainer.rewards import DynamicSampler
+from agentrl.trainer.weights import weight_views
 from agentrl.types import Group, Task
 
 log = logging.getLogger(__name__)
@@ -251,12 +253,6 @@ def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, thread
     return metrics
 
 
-def weight_views(learner: Any) -> dict[str, Any]:
-    """The learner's weights as views where it offers them (valid until its next step: the push
-    copies them into a relay buffer first, an evaluation runs between steps); a clone otherwise."""
-    return getattr(learner, "state_dict_views", learner.state_dict_for_inference)()
-
-
 async def push_weights(system: LaminarSystem, learner: Any, version: int) -> float:
     """Push the learner's weights as `version` to the master relay; returns the copy's seconds.
     A sharded learner (one that describes its weights, `weight_meta`) streams them a gathered
@@ -305,8 +301,6 @@ async def sample_batch(system: LaminarSystem, n_groups: int, timeout_s: float, d
     prompts first), at most `max_gen_batches` draws in all (≤ 0: no limit). Unlike verl, running
     out of draws does not end the run: the step trains on the groups kept (none: it is skipped).
     `guide` sees every draw first (agentrl/guidance.py adds a demonstration to unsolved groups)."""
-    from agentrl.trainer.rewards import DynamicSampler
-
     guided = 0
 
     async def draw(n: int) -> list[Group]:
@@ -530,6 +524,7 @@ async def summarize(system: LaminarSystem, records: list[dict[str, Any]]) -> dic
         "rollout_idle_s": {n: w["idle_s"] for n, w in worker_stats.items()},
         "weight_pull_s": pulls, "staleness_hist": dict(sorted(hist.items())),
         "repack_moves": mgr["repack_moves"], "repack_rounds": mgr["repack_rounds"], "moves": mgr["moves"],
+        "repack_decision_s": await system.manager.decision_times(),
         "dead_workers": mgr["dead"] + [d for d in dead if d not in mgr["dead"]],
         "restarted": mgr["restarted"], "regenerated_groups": mgr["regenerated_groups"],
         "buffer": {k: v for k, v in buf.items() if k != "staleness_hist"},
@@ -568,14 +563,6 @@ async def run_training_async(cfg: Config, env_factory: Callable[[], Any], tasks:
     finally:
         if own:
             runtime.close()  # type: ignore[union-attr]
-
-
-def ray_runtime(cfg: Config) -> RayRuntime:
-    """The Ray runtime `laminar.ray_address` names (an existing one if Ray is already up)."""
-    from agentrl.laminar.cluster import local_cluster_cpus
-
-    address = cfg.laminar.ray_address
-    return RayRuntime(address=address, num_cpus=local_cluster_cpus(cfg) if address == "local" else None)
 
 
 def run_training(cfg: Config, env_factory: Callable[[], Any], tasks: list[Task], learner: Any,

@@ -14,15 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from agentrl.laminar.partial import PartialEntry
-from agentrl.laminar.prompts import GroupSpec
 from agentrl.laminar.repack import RolloutLoad, best_fit_repack
 from agentrl.laminar.runtime import ActorDied
-from agentrl.laminar.worker import WorkerLoad
+from agentrl.laminar.types import GroupSpec, PartialEntry, WorkerLoad
 
 IdleRule = Literal["fall", "prev"]
 
@@ -71,6 +69,7 @@ class RolloutManager:
         self.stats: dict[str, Any] = {"repack_rounds": 0, "repack_plans": 0, "repack_moves": 0,
                                       "repack_s": 0.0, "restarted": 0, "regenerated_groups": 0,
                                       "moves": []}
+        self.decision_s: deque[float] = deque(maxlen=4096)  # the latest repack decisions' seconds
 
     async def start(self) -> None:
         self._task = asyncio.ensure_future(self._loop())
@@ -121,8 +120,11 @@ class RolloutManager:
     async def _repack(self) -> None:
         t0 = time.perf_counter()
         self.stats["repack_rounds"] += 1
-        for version, loads in repack_inputs(list(self.loads.values()), self.idle_rule).items():
-            for src, dst in best_fit_repack(loads, self.c_max, self.max_batch):
+        plans = [(version, best_fit_repack(loads, self.c_max, self.max_batch))
+                 for version, loads in repack_inputs(list(self.loads.values()), self.idle_rule).items()]
+        self.decision_s.append(time.perf_counter() - t0)  # the decision alone, before any move
+        for version, plan in plans:
+            for src, dst in plan:
                 self.stats["repack_plans"] += 1
                 await self._move(src, dst, version)
         self.stats["repack_s"] += time.perf_counter() - t0
@@ -187,6 +189,11 @@ class RolloutManager:
             except (ActorDied, KeyError):
                 continue
         return False
+
+    async def decision_times(self) -> list[float]:
+        """Seconds each of the latest repack rounds took to decide its plan (heartbeat loads in,
+        moves out), for the run summary (bench/controller.py reports their p50/p99)."""
+        return list(self.decision_s)
 
     async def get_stats(self) -> dict[str, Any]:
         return dict(self.stats, dead=list(self.dead), failures=dict(self.failures), alive=sorted(self.workers),

@@ -8,23 +8,11 @@ experience buffer. When a worker dies, the manager reads its entries here and re
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.types import Task
+from agentrl.laminar.types import PartialEntry
 
-
-@dataclass
-class PartialEntry:
-    traj_id: str
-    group_id: str
-    group_size: int
-    task: Task
-    worker: str
-    version: int
-    tokens: int = 0
-    restarts: int = 0
-    updated: float = field(default_factory=time.monotonic)
+__all__ = ["PartialEntry", "PartialResponsePool"]
 
 
 class PartialResponsePool:

@@ -14,24 +14,14 @@ import asyncio
 import contextlib
 import itertools
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from agentrl.errors import UserError
+from agentrl.laminar.types import GroupSpec
 from agentrl.types import Task
 
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """One prompt group to generate: G trajectories `{group_id}/{i}` of one task."""
-
-    group_id: str
-    task: Task
-    size: int
-
-    @property
-    def traj_ids(self) -> list[str]:
-        return [f"{self.group_id}/{i}" for i in range(self.size)]
+__all__ = ["GroupSpec", "PromptPool", "require_field", "task_without"]
 
 
 def task_without(tasks: list[Task], key: str) -> Task | None:

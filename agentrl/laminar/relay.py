@@ -16,16 +16,15 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
 from agentrl.heap import track
 from agentrl.laminar.runtime import ActorDied
+from agentrl.laminar.types import FetchPolicy
 from agentrl.threads import to_thread_releasing
-
-FetchPolicy = Literal["wait_inflight", "local"]
 
 # ---------------------------------------------------------------------------------------------
 # Latency model (App. D, algorithms.md §1.2): p nodes in a chain, M bytes in k chunks.

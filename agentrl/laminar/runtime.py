@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentrl.config import Config
+
 
 class ActorDied(RuntimeError):
     """The component behind a handle is gone (killed, crashed, or its node was lost)."""
@@ -146,6 +148,33 @@ class Runtime(Protocol):
     async def kill(self, handle: Any) -> None: ...
 
     async def shutdown(self) -> None: ...
+
+
+def current_node() -> str:
+    """This process's Ray node id, or "local" outside Ray (or without it installed)."""
+    try:
+        import ray  # optional dependency (the `ray` extra)
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().get_node_id())
+    except ImportError:
+        pass
+    return "local"
+
+
+def local_cluster_cpus(cfg: Config) -> int:
+    """Logical CPUs of a `--ray local` cluster: enough for every actor this run reserves
+    (Ray would otherwise leave an actor pending forever on a small machine)."""
+    lam, tr = cfg.laminar, cfg.trainer
+    learners = tr.num_learners * tr.learner_num_cpus if tr.num_learners > 1 else 0  # Ray-placed ranks
+    needed = lam.num_workers * lam.worker_num_cpus + lam.pool_num_cpus + learners + 1
+    return max(os.cpu_count() or 1, int(needed + 0.999))
+
+
+def ray_runtime(cfg: Config) -> RayRuntime:
+    """The Ray runtime `laminar.ray_address` names (an existing one if Ray is already up)."""
+    address = cfg.laminar.ray_address
+    return RayRuntime(address=address, num_cpus=local_cluster_cpus(cfg) if address == "local" else None)
 
 
 class LocalRuntime:

@@ -15,16 +15,15 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.inference.base import InferenceEngine, SamplingParams
-from agentrl.laminar.partial import PartialEntry
-from agentrl.laminar.prompts import GroupSpec
-from agentrl.laminar.relay import FetchPolicy
-from agentrl.laminar.runtime import ActorDied
+from agentrl.laminar.runtime import ActorDied, current_node
+from agentrl.laminar.types import FetchPolicy, GroupSpec, Moved, PartialEntry, WorkerLoad
 from agentrl.rollout.engine import RolloutEngine, RolloutState
 from agentrl.types import Task, Trajectory
+
+__all__ = ["EngineRunner", "Moved", "RolloutWorker", "WorkerFailed", "WorkerLoad"]
 
 
 class WorkerFailed(ActorDied):
@@ -77,33 +76,6 @@ class EngineRunner:
         await self.rollout.aclose()
         for t in list(self._tasks):
             t.cancel()
-
-
-@dataclass
-class Moved:
-    """A trajectory in transit between workers during a repack."""
-
-    traj_id: str
-    group_id: str
-    group_size: int
-    task: Task
-    state: Any
-
-
-@dataclass
-class WorkerLoad:
-    """One heartbeat: the capacity indicators of Algorithm 1 plus bookkeeping."""
-
-    worker: str
-    version: int
-    n_reqs: int
-    tokens: int
-    c_used: float
-    c_peak: float  # highest c_used since this batch started (the plateau); see manager
-    pulling: bool
-    held: bool
-    time: float
-    c_prev: float = 0.0  # c_used at the previous heartbeat
 
 
 class RolloutWorker:
@@ -183,8 +155,6 @@ class RolloutWorker:
 
     async def node(self) -> str:
         """The Ray node this worker runs on ("local" outside Ray)."""
-        from agentrl.laminar.cluster import current_node
-
         return current_node()
 
     async def pid(self) -> int:
@@ -380,7 +350,5 @@ class RolloutWorker:
         return True
 
     async def get_stats(self) -> dict[str, Any]:
-        from agentrl.laminar.cluster import current_node
-
         return dict(self.stats, id=self.id, version=self.version, in_flight=len(self._inflight),
                     node=current_node(), pid=os.getpid(), relay=getattr(self.relay, "name", None))
