@@ -19,7 +19,10 @@ trainer applies the gate.
 Errors: anything the model does wrong (no call, a malformed call, an unknown tool, bad arguments,
 a tool that raises or times out) becomes an observation. A bug in the env's own code (prompts,
 state, reward) raises `EnvError`, which the rollout engine turns into status `error` for that one
-trajectory. Stepping a finished env raises `EpisodeOverError`.
+trajectory. A sandbox limit a command runs into (out of memory, a full disk, the process limit, a
+timeout) is an observation naming it, listed in `info["sandbox_faults"]`; a sandbox that dies
+under a call raises `SandboxDead` (status `error`, reason `SandboxDead: sandbox_dead: ...`).
+Stepping a finished env raises `EpisodeOverError`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 import gymnasium as gym
 
 from agentrl.parsing import ParseResult, ToolCall, get_parser
+from agentrl.sandboxes.common import FAULT_DEAD, SandboxDead
 from agentrl.tools.core import Tool, ToolResult, example_arguments, truncate
 from agentrl.tools.schema import ArgumentError
 from agentrl.types import Message, StepResult, Task
@@ -410,6 +414,7 @@ class ToolEnv(Env):
             "parse_errors": list(parsed.errors),
             "num_tool_calls": len(outcomes),
             "num_tool_errors": sum(not o.result.ok for o in outcomes),
+            "sandbox_faults": [o.result.fault for o in outcomes if o.result.fault],  # kinds, in call order
         }
         if terminated or truncated:
             self.done = True
@@ -456,6 +461,8 @@ class ToolEnv(Env):
         limit = tool.timeout if tool.timeout is not None else self.tool_timeout_s
         with self._blame(f"tool '{tool.name}' wiring"):
             result = await tool.call(args, timeout=limit, **injected)
+        if result.fault == FAULT_DEAD:  # no observation can come from a dead sandbox: the episode ends in error
+            raise SandboxDead(f"{FAULT_DEAD}: {result.error}")
         return CallOutcome(call, result, valid=True, terminal=tool.terminal and result.ok)
 
     def _injectable(self, name: str) -> Any:

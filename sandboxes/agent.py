@@ -6,9 +6,9 @@ Requests arrive as JSON lines on stdin, answers leave as JSON lines on stdout (b
 `id`; requests are served concurrently, one thread each):
 
     {"id": 1, "op": "exec", "argv": [...], "cwd": "/work", "env": {...}, "stdin": b64|null,
-     "timeout": 10.0, "cap": 1000000}
+     "timeout": 10.0, "cap": 1000000, "pids": 64|null, "watch": ["/work", "/tmp"]}
       -> {"id": 1, "stdout": b64, "stderr": b64, "out_omitted": n, "err_omitted": n,
-          "exit_code": 0, "timed_out": false}
+          "exit_code": 0, "timed_out": false, "fault": null|"oom"|"disk_full"|"pids"|"timeout"}
     {"id": 2, "op": "reset", "wipe": ["/work", "/tmp"], "kill_all": true}  -> {"id": 2, "ok": true}
     {"id": 3, "op": "ping"}  -> {"id": 3, "ok": true, "pid": 1}
 
@@ -18,6 +18,12 @@ and whether to restore the writable tmpfs mounts on reset (never without a mount
 own). The agent makes itself non-dumpable (prctl PR_SET_DUMPABLE 0): sandboxed code under the
 same uid then cannot open /proc/<agent>/fd, read its memory or ptrace it, so it can neither read
 nor write the channel.
+
+`fault` names a sandbox limit the command ran into (`classify`): the memory cgroup's OOM kills and
+the pids cgroup's refused forks where the sandbox has cgroup files of its own (Docker), the
+process count against `pids` (sampled while it runs, in a pid namespace of its own), a `watch`
+dir left with no free block, and the errors programs print when the kernel refuses memory, a
+fork or a write (bubblewrap has no cgroup of its own, so these are what it has).
 
 An exec ends when its command exits, or at its timeout, when its process group is killed; what it
 left in the background keeps running until `reset` but does not hold the exec open. Output past
@@ -49,6 +55,15 @@ _ours_lock = threading.Lock()
 _token = ""  # set from the host's second line
 _baseline: dict = {}  # writable tmpfs mount point -> the paths it held at start-up
 VOLATILE_FS = ("tmpfs", "shm", "mqueue")
+PIDS_SAMPLE_S = 0.05  # how often a running exec counts the sandbox's processes
+# cgroup counters (v2 file, v1 file; field): OOM kills, forks refused at pids.max
+OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"), "oom_kill")
+PIDS_COUNTER = (("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"), "max")
+# what programs print when the kernel refuses them (lower case; matched against stderr)
+OOM_TEXT = (b"memoryerror", b"cannot allocate memory", b"std::bad_alloc", b"out of memory")
+PIDS_TEXT = (b"fork: retry", b"fork: resource temporarily unavailable", b"cannot fork",
+             b"can't start new thread", b"blockingioerror: [errno 11]")
+DISK_TEXT = (b"no space left on device", b"[errno 28]")
 
 
 def reply(message: dict) -> None:
@@ -77,9 +92,59 @@ def reap_orphans(*_: object) -> None:
                 os.waitpid(pid, os.WNOHANG)
 
 
+def counter(spec: tuple) -> int:
+    """A cgroup event counter (0 where the sandbox has no such file: bubblewrap, cgroup-less hosts)."""
+    paths, field = spec
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError), open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == field:
+                    return int(value)
+    return 0
+
+
+def tasks_in_use() -> int:
+    """Processes in this pid namespace plus the agent's own extra threads: what the process limit
+    (RLIMIT_NPROC / pids.max, both counting threads) is charged with, near enough."""
+    with contextlib.suppress(OSError):
+        return sum(e.isdigit() for e in os.listdir("/proc")) + threading.active_count() - 1
+    return 0
+
+
+def full(dirs: list) -> bool:
+    """Whether any of `dirs` has no free block left."""
+    for path in dirs:
+        with contextlib.suppress(OSError):
+            if os.statvfs(path).f_bavail == 0:
+                return True
+    return False
+
+
+def classify(stderr: bytes, exit_code: int, timed_out: bool, oom_kills: int, pids_refused: int,
+             pids_peaked: bool, filled: bool, full_now: bool) -> "str | None":
+    """The sandbox limit a command ran into, if any; the cause first (a fork bomb also times out).
+    `filled`: a watched dir had free space before the command and none after; `full_now`: one has
+    none now. An error text counts only with a sign that the command failed (or the disk is full),
+    so a program that merely prints the words is no fault."""
+    text = stderr.lower()
+    failed = exit_code != 0 or timed_out
+    if oom_kills or (failed and any(t in text for t in OOM_TEXT)):
+        return "oom"
+    if pids_refused or pids_peaked or (failed and any(t in text for t in PIDS_TEXT)):
+        return "pids"
+    if filled or (full_now and any(t in text for t in DISK_TEXT)):
+        return "disk_full"
+    return "timeout" if timed_out else None
+
+
 def run(req: dict) -> dict:
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
     cap = int(req.get("cap", 1_000_000))
+    pids = req.get("pids")  # set only in a pid namespace of the sandbox's own
+    oom_before, pids_before = counter(OOM_COUNTER), counter(PIDS_COUNTER)
+    watch = req.get("watch") or []
+    full_before = full(watch)
     try:
         with _ours_lock:  # hold the lock so the reaper never sees our child before we record it
             proc = subprocess.Popen(req["argv"], cwd=req.get("cwd") or "/work", env=req.get("env"),
@@ -88,9 +153,10 @@ def run(req: dict) -> dict:
             _ours.add(proc.pid)
             _groups.add(proc.pid)  # start_new_session: its pid is its process group
     except OSError as e:  # no such program, bad cwd, fork refused (pids limit)
+        refused = isinstance(e, BlockingIOError)  # EAGAIN: the process limit is full
         return {"stdout": "", "stderr": base64.b64encode(f"{e}\n".encode()).decode(), "out_omitted": 0,
                 "err_omitted": 0, "exit_code": 127 if isinstance(e, FileNotFoundError) else 126,
-                "timed_out": False}
+                "timed_out": False, "fault": "pids" if refused else None}
     if stdin is not None:
         threading.Thread(target=feed, args=(proc, stdin), daemon=True).start()
     kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
@@ -100,8 +166,12 @@ def run(req: dict) -> dict:
         sel.register(stream, selectors.EVENT_READ)
     deadline = time.monotonic() + float(req.get("timeout", 10.0))
     timed_out, exited_at = False, None
+    pids_peaked, next_sample = False, 0.0
     while sel.get_map():
         now = time.monotonic()
+        if pids and not pids_peaked and now >= next_sample:
+            pids_peaked = tasks_in_use() >= int(pids) - 1
+            next_sample = now + PIDS_SAMPLE_S
         if exited_at is None and proc.poll() is not None:
             exited_at = now
         if exited_at is not None and now - exited_at > DRAIN_S:
@@ -127,10 +197,14 @@ def run(req: dict) -> dict:
         _ours.discard(proc.pid)
     proc.stdout.close()
     proc.stderr.close()
-    return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(),
-            "stderr": base64.b64encode(bytes(kept[proc.stderr])).decode(),
+    exit_code = 128 - code if code < 0 else code
+    err = bytes(kept[proc.stderr])
+    full_after = full(watch)
+    fault = classify(err, exit_code, timed_out, counter(OOM_COUNTER) - oom_before,
+                     counter(PIDS_COUNTER) - pids_before, pids_peaked, full_after and not full_before, full_after)
+    return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(), "stderr": base64.b64encode(err).decode(),
             "out_omitted": omitted[proc.stdout], "err_omitted": omitted[proc.stderr],
-            "exit_code": 128 - code if code < 0 else code, "timed_out": timed_out}
+            "exit_code": exit_code, "timed_out": timed_out, "fault": fault}
 
 
 def feed(proc: subprocess.Popen, data: bytes) -> None:

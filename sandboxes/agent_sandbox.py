@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .base import ExecResult
-from .common import KILLED_EXIT, WORKDIR, Limits, SandboxError, inside_path, to_bytes, truncation_marker
+from .common import (
+    FAULT_TIMEOUT,
+    KILLED_EXIT,
+    WORKDIR,
+    Limits,
+    SandboxDead,
+    SandboxError,
+    inside_path,
+    to_bytes,
+    truncation_marker,
+)
 
 T = TypeVar("T")
 
@@ -83,7 +93,7 @@ class AgentChannel:
     def request(self, op: str, **fields: Any) -> concurrent.futures.Future[dict[str, Any]]:
         fut: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         if self.dead:
-            fut.set_exception(SandboxError(f"sandbox agent is gone: {self.dead}"))
+            fut.set_exception(SandboxDead(f"sandbox agent is gone: {self.dead}"))
             return fut
         rid = next(self._ids)
         self._limits[rid] = max_line(int(fields.get("cap") or 0))
@@ -144,7 +154,7 @@ class AgentChannel:
         self.dead = self.dead or why
         for fut in list(self._pending.values()):
             if not fut.done():
-                fut.set_exception(SandboxError(f"sandbox agent is gone: {self.dead}"))
+                fut.set_exception(SandboxDead(f"sandbox agent is gone: {self.dead}"))
         self._pending.clear()
         self._limits.clear()
 
@@ -174,6 +184,10 @@ class AgentSandbox:
 
     def _teardown(self) -> None:
         """Destroy the sandbox after its channel is closed (blocking; idempotent)."""
+        raise NotImplementedError
+
+    def _kill(self) -> None:
+        """SIGKILL the running sandbox from the host, leaving the clean-up to close() (blocking)."""
         raise NotImplementedError
 
     def _command(self, argv: list[str], timeout: float) -> list[str]:
@@ -209,6 +223,20 @@ class AgentSandbox:
             if channel is not None:
                 channel.close()
             self._teardown()
+
+    async def kill(self) -> None:
+        """Kill the sandbox from the host as an OOM killer or an operator would, without closing it:
+        what a pool must survive (fault drills, tests). Later calls raise SandboxDead."""
+        channel = self._channel
+        if channel is not None:
+            await in_thread(self._kill)
+            channel.fail("the sandbox was killed from the host")
+
+    @property
+    def alive(self) -> bool:
+        """Whether the sandbox can still serve calls, as far as known without asking (not closed,
+        and its agent's channel not dead); `healthy()` asks."""
+        return not self._closed and (self._channel is None or self._channel.dead is None)
 
     async def reset(self) -> None:
         """Kill every process and empty the work dir (and /tmp)."""
@@ -249,7 +277,8 @@ class AgentSandbox:
         out, err, answer, seconds = await self._run(argv, timeout, cwd, env, stdin)
         return ExecResult(stdout=_text(out, answer["out_omitted"]), stderr=_text(err, answer["err_omitted"]),
                           exit_code=answer["exit_code"], timed_out=answer["timed_out"],
-                          truncated=bool(answer["out_omitted"] or answer["err_omitted"]), seconds=seconds)
+                          truncated=bool(answer["out_omitted"] or answer["err_omitted"]), seconds=seconds,
+                          fault=answer.get("fault"))
 
     async def _run(self, argv: list[str], timeout: float | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None, stdin: str | bytes | None = None,
@@ -264,11 +293,15 @@ class AgentSandbox:
             answer = await self._ask(
                 "exec", timeout + HOST_GRACE_S, argv=self._command(argv, timeout),
                 cwd=self._inside(cwd) if cwd else self._inside(WORKDIR), env={**self.base_env, **(env or {})},
-                stdin=data, timeout=timeout, cap=cap or self.limits.max_output_bytes)
+                stdin=data, timeout=timeout, cap=cap or self.limits.max_output_bytes,
+                # the process count is the sandbox's own only in a pid namespace of its own
+                pids=self.limits.pids if self.kill_all_on_reset else None, watch=list(self.wipe_on_reset))
+        except SandboxDead as e:
+            raise SandboxDead(f"exec in {self!r} failed: {e}") from e
         except SandboxError as e:
             if "did not answer" in str(e):  # reported like any timeout; the sandbox is now unhealthy
                 answer = {"stdout": "", "stderr": base64.b64encode(str(e).encode()).decode(), "out_omitted": 0,
-                          "err_omitted": 0, "exit_code": KILLED_EXIT, "timed_out": True}
+                          "err_omitted": 0, "exit_code": KILLED_EXIT, "timed_out": True, "fault": FAULT_TIMEOUT}
             else:
                 raise SandboxError(f"exec in {self!r} failed: {e}") from e
         seconds = time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""The sandbox protocol (design §5). Backends: local (bubblewrap), docker, process (no isolation,
+"""The sandbox protocol (architecture.md §5). Backends: local (bubblewrap), docker, process (no isolation,
 explicit opt-in only)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False
     seconds: float = 0.0
+    fault: str | None = None  # one of common.FAULT_KINDS when a sandbox limit ended or hobbled the command
 
     @property
     def ok(self) -> bool:

@@ -22,6 +22,23 @@ class SandboxTimeout(SandboxError, TimeoutError):
     """No sandbox became free in time (pool acquisition)."""
 
 
+class SandboxDead(SandboxError):
+    """The sandbox itself is gone (its agent or container died, or stopped answering): nothing the
+    command did can be reported, and the sandbox must be replaced."""
+
+    fault = "sandbox_dead"
+
+
+# What can go wrong with a command beyond its own exit status, as ExecResult.fault names it. Each is
+# established from the kernel's own accounting where the backend exposes it (see agent.classify).
+FAULT_OOM = "oom"  # out of memory: killed by the memory cgroup, or an allocation refused by RLIMIT_AS
+FAULT_DISK_FULL = "disk_full"  # a write hit ENOSPC on /work or /tmp (sandbox.disk_mb, the /tmp share of memory)
+FAULT_PIDS = "pids"  # a fork or thread was refused at the process limit (sandbox.pids)
+FAULT_TIMEOUT = "timeout"  # the command ran past its wall clock and was killed
+FAULT_DEAD = SandboxDead.fault  # the sandbox died under the command
+FAULT_KINDS = (FAULT_OOM, FAULT_DISK_FULL, FAULT_PIDS, FAULT_TIMEOUT, FAULT_DEAD)
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-sandbox hard limits. `timeout_s` is the default per-exec wall clock."""
@@ -32,7 +49,7 @@ class Limits:
     pids: int = 64
     max_output_bytes: int = 1_000_000  # per stream (stdout and stderr each)
     file_size_mb: int = 512
-    disk_mb: int = 1024  # size of the /work tmpfs (a quota that holds on every backend)
+    disk_mb: int = 1024  # size of the /work tmpfs (a quota that holds on every backend, see docs/threat_model.md)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,7 +1,8 @@
 """Docker sandboxes through the Docker SDK (any engine the `docker` package can reach).
 
 One long-lived container per sandbox: `--network none`, memory/CPU/pids limits, a read-only root
-filesystem (by default) with size-capped tmpfs mounts at /work and /tmp, logging off (the engine
+filesystem (by default) with size-capped tmpfs mounts at /work (`disk_mb`) and /tmp (half of
+`memory_mb`), logging off (the engine
 keeps no copy of any output), no new privileges,
 and labels (`agentrl.run_id`, `agentrl.pool`, `agentrl.created`) so `admin.prune` can find leaked
 containers, also those of crashed runs.
@@ -104,6 +105,13 @@ class DockerSandbox(AgentSandbox):
             self._teardown()
             raise
 
+    def _kill(self) -> None:
+        import docker
+
+        if self._container is not None:
+            with contextlib.suppress(docker.errors.APIError):  # already dead: the same outcome
+                self._container.kill()
+
     def _teardown(self) -> None:
         import docker
 
@@ -123,13 +131,16 @@ class DockerSandbox(AgentSandbox):
             raise SandboxError(f"docker image {self.image!r} not found; build the base image with "
                                f"`sudo scripts/docker_up.sh` or a task image with `agentrl sandbox build`") from None
         lim = self.limits
+        # tmpfs pages are charged to the container's memory cgroup: the cgroup holds memory_mb for the
+        # processes and /tmp, plus disk_mb for /work, so a full /work is ENOSPC, never an OOM kill
+        cgroup_mb = lim.memory_mb + lim.disk_mb
         return self.client.containers.run(
             self.image, ["python3", *AGENT_ARGS], detach=True, stdin_open=True,
             labels={**self.labels, LABEL_CREATED: str(int(time.time()))},
-            network_mode="none", mem_limit=f"{lim.memory_mb}m", memswap_limit=f"{lim.memory_mb}m",
+            network_mode="none", mem_limit=f"{cgroup_mb}m", memswap_limit=f"{cgroup_mb}m",
             nano_cpus=int(lim.cpus * 1e9), pids_limit=lim.pids, read_only=self.read_only,
-            # /work and /tmp are size-capped tmpfs: the cap is /work's disk quota, and tmpfs pages
-            # are charged to the container's memory cgroup, so neither can outgrow mem_limit
+            # /work and /tmp are size-capped tmpfs (the engine's --storage-opt size needs overlay2
+            # on XFS with project quotas, which a default install does not have)
             tmpfs={"/tmp": f"rw,exec,nosuid,size={max(lim.memory_mb // 2, 1)}m",
                    WORKDIR: f"rw,exec,nosuid,size={lim.disk_mb}m,mode=755"},
             working_dir=WORKDIR, hostname="sandbox",

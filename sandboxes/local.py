@@ -239,6 +239,10 @@ class LocalSandbox(AgentSandbox):
     def _teardown(self) -> None:
         self._finalizer()
 
+    def _kill(self) -> None:
+        for proc in self._procs:
+            _kill_tree(proc)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._host_dir})"
 

@@ -8,10 +8,16 @@
     await pool.put(sb)                       # or: await sb.close()
     await pool.close()
 
-Callers get a `Lease`: it forwards the Sandbox protocol, times each exec for the metrics, and
-stops working once returned, so a sandbox is never shared by mistake. Waiters are served strictly
-first come, first served; a freed sandbox is reset (a file written by one user is gone for the
-next) and handed straight to the oldest waiter.
+Callers get a `Lease`: it forwards the Sandbox protocol, times each exec and counts its faults
+(`faults` by kind) for the metrics, and stops working once returned, so a sandbox is never shared
+by mistake. Waiters are served strictly first come, first served; a freed sandbox is reset (a
+file written by one user is gone for the next) and handed straight to the oldest waiter.
+
+Self-healing: a sandbox known to be dead is never handed out; it is replaced, and a replacement
+that fails to start is retried with exponential back-off (`replace_failures` in the metrics, one
+log line each). After MAX_FAILED_STARTS failed starts in a row the pool gives up: it is broken,
+and every waiter and later `get` gets one SandboxError naming the last failure (an engine that
+stopped answering ends a run with that line instead of a hang).
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .base import ExecResult, Sandbox
-from .common import SandboxError, SandboxTimeout
+from .common import FAULT_DEAD, FAULT_KINDS, SandboxDead, SandboxError, SandboxTimeout
 
 log = logging.getLogger(__name__)
 
 SandboxFactory = Callable[[], "Sandbox | Awaitable[Sandbox]"]
 WINDOW = 10_000  # latency samples kept per metric
 RETURN_GRACE_S = 30.0  # how long close() waits for sandboxes being given back to finish their reset
+BACKOFF_S = (1.0, 30.0)  # the first and the longest wait before retrying a failed replacement
+MAX_FAILED_STARTS = 6  # replacements failing in a row (about a minute of back-off) before the pool gives up
 
 
 def percentile(samples: list[float] | deque[float], q: float) -> float:
@@ -63,12 +71,18 @@ class Lease:
         start = time.perf_counter()
         try:
             result = await sandbox.exec(cmd, timeout=timeout, cwd=cwd, env=env, stdin=stdin)
+        except SandboxDead:
+            self._pool._stats["failures"] += 1
+            self._pool._faults[FAULT_DEAD] += 1
+            raise
         except Exception:
             self._pool._stats["failures"] += 1
             raise
         self._pool._exec_ms.append((time.perf_counter() - start) * 1000)
         self._pool._stats["execs"] += 1
         self._pool._stats["exec_timeouts"] += int(result.timed_out)
+        if result.fault in self._pool._faults:
+            self._pool._faults[result.fault] += 1
         return result
 
     async def write_file(self, path: str, content: str | bytes) -> None:
@@ -97,13 +111,14 @@ class Lease:
 
 class SandboxPool:
     def __init__(self, factory: SandboxFactory, size: int, name: str = "default",
-                 health_interval_s: float | None = 30.0) -> None:
+                 health_interval_s: float | None = 30.0, backoff_s: tuple[float, float] = BACKOFF_S) -> None:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"pool size must be an int >= 1, got {size!r}")
         self.factory = factory
         self.size = size
         self.name = name
         self.health_interval_s = health_interval_s
+        self.backoff_s = backoff_s  # (first, longest) wait before retrying a failed replacement
         self._idle: deque[Sandbox] = deque()
         self._leased: dict[int, Sandbox] = {}  # id(Lease) -> sandbox
         self._returning = 0  # sandboxes given back and being reset (neither leased nor idle)
@@ -117,7 +132,10 @@ class SandboxPool:
         self._startup_ms: deque[float] = deque(maxlen=WINDOW)
         self._exec_ms: deque[float] = deque(maxlen=WINDOW)
         self._stats = {"acquires": 0, "acquire_timeouts": 0, "execs": 0, "exec_timeouts": 0,
-                       "failures": 0, "replacements": 0}
+                       "failures": 0, "replacements": 0, "replace_failures": 0, "dead_skipped": 0}
+        self._faults = dict.fromkeys(FAULT_KINDS, 0)
+        self._failed_starts = 0  # replacements that failed in a row
+        self.broken: str | None = None  # why the pool gave up (see MAX_FAILED_STARTS)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -180,12 +198,15 @@ class SandboxPool:
         """Borrow a sandbox; waits (FIFO) while all are busy. Raises SandboxTimeout after `timeout` s."""
         if self._closed:
             raise SandboxError(f"pool {self.name!r} is closed")
+        if self.broken:
+            raise SandboxError(self.broken)
         if not self._started:
             await self.start()
         start = time.perf_counter()
-        if self._idle and not self._waiters:
-            sandbox = self._idle.popleft()
-        else:
+        sandbox = None
+        while self._idle and not self._waiters and sandbox is None:
+            sandbox = self._checked(self._idle.popleft())
+        if sandbox is None:
             sandbox = await self._wait(timeout)
         self._wait_ms.append((time.perf_counter() - start) * 1000)
         self._stats["acquires"] += 1
@@ -257,10 +278,21 @@ class SandboxPool:
 
     # -- internals --------------------------------------------------------------------------------
 
+    def _checked(self, sandbox: Sandbox) -> Sandbox | None:
+        """`sandbox` when it is not known to be dead; else None, and a replacement is on its way."""
+        if getattr(sandbox, "alive", True):
+            return sandbox
+        log.warning("pool %s: %r died while idle; replacing it", self.name, sandbox)
+        self._stats["dead_skipped"] += 1
+        self._spawn(self._replace(sandbox))
+        return None
+
     def _offer(self, sandbox: Sandbox) -> None:
         """Hand a ready sandbox to the oldest live waiter, or park it."""
         if self._closed:
             self._spawn(self._close_quietly(sandbox))
+            return
+        if self._checked(sandbox) is None:
             return
         while self._waiters:
             fut = self._waiters.popleft()
@@ -285,30 +317,45 @@ class SandboxPool:
     async def _replace(self, sandbox: Sandbox) -> None:
         self._stats["replacements"] += 1
         await self._close_quietly(sandbox)
+        await self._start_replacement()
+
+    async def _start_replacement(self) -> None:
+        """Start one sandbox for the pool; on failure retry with back-off, or give up (`broken`)."""
+        if self._closed or self.broken:
+            return
         self._starting += 1
         try:
             fresh = await self._create()
         except Exception as e:
             self._stats["failures"] += 1
-            log.error("pool %s: could not start a replacement sandbox: %r; retrying in 1 s", self.name, e)
-            self._spawn(self._retry_replace())
+            self._stats["replace_failures"] += 1
+            self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                self._give_up(f"pool {self.name!r}: {self._failed_starts} sandbox starts in a row failed, the "
+                              f"last with {e!r}; is the sandbox backend (e.g. the Docker engine) up?")
+                return
+            delay = min(self.backoff_s[0] * 2 ** (self._failed_starts - 1), self.backoff_s[1])
+            log.error("pool %s: could not start a replacement sandbox (%d in a row): %r; retrying in %g s",
+                      self.name, self._failed_starts, e, delay)
+            self._spawn(self._retry_after(delay))
             return
         finally:
             self._starting -= 1
+        self._failed_starts = 0
         self._offer(fresh)
 
-    async def _retry_replace(self) -> None:
-        await asyncio.sleep(1.0)
-        self._starting += 1
-        try:
-            fresh = await self._create()
-        except Exception:
-            self._stats["failures"] += 1
-            self._spawn(self._retry_replace())
-            return
-        finally:
-            self._starting -= 1
-        self._offer(fresh)
+    async def _retry_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._start_replacement()
+
+    def _give_up(self, why: str) -> None:
+        """Too many failed starts: fail every waiter now and every later get, with `why`."""
+        log.error("%s", why)
+        self.broken = why
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(SandboxError(why))
+        self._waiters.clear()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -351,7 +398,7 @@ class SandboxPool:
 
     # -- metrics ----------------------------------------------------------------------------------
 
-    def metrics(self) -> dict[str, float | int | str]:
+    def metrics(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "size": self.size,
@@ -360,6 +407,8 @@ class SandboxPool:
             "starting": self._starting,
             "waiting": sum(1 for f in self._waiters if not f.done()),
             **self._stats,
+            "faults": dict(self._faults),
+            "broken": self.broken or "",
             "acquire_wait_p50_ms": percentile(self._wait_ms, 50),
             "acquire_wait_p99_ms": percentile(self._wait_ms, 99),
             "startup_p50_ms": percentile(self._startup_ms, 50),

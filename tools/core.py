@@ -1,4 +1,4 @@
-"""`@tool`: a typed Python function becomes a tool a model can call (design §4).
+"""`@tool`: a typed Python function becomes a tool a model can call (architecture.md §4).
 
     @tool
     def add(a: int, b: int = 1) -> str:
@@ -42,6 +42,7 @@ _MAX_ERROR_CHARS = 2000  # an argument error names what was wrong, not all of a 
 class ToolResult:
     output: str = ""
     error: str | None = None  # set when the call failed; the model reads it
+    fault: str | None = None  # a sandbox limit the call ran into (agentrl.sandboxes.common.FAULT_KINDS)
 
     @property
     def ok(self) -> bool:
@@ -108,8 +109,8 @@ class Tool:
                 value = await asyncio.wait_for(asyncio.to_thread(self.fn, **kwargs), guard)
         except asyncio.TimeoutError:
             return ToolResult(error=f"tool '{self.name}' timed out after {limit:g} s")
-        except Exception as e:
-            return ToolResult(error=f"tool '{self.name}' raised {type(e).__name__}: {e}")
+        except Exception as e:  # a SandboxDead carries its fault kind
+            return ToolResult(error=f"tool '{self.name}' raised {type(e).__name__}: {e}", fault=getattr(e, "fault", None))
         return _as_result(value)
 
 

@@ -30,7 +30,8 @@ async def test_container_settings_and_labels() -> None:
         attrs = docker_client().containers.get(sb.id).attrs  # type: ignore[attr-defined]
         host = attrs["HostConfig"]
         assert host["NetworkMode"] == "none"
-        assert host["Memory"] == TEST_LIMITS["memory_mb"] * 2**20
+        # the memory cgroup also holds /work's tmpfs pages, so it is memory_mb + disk_mb
+        assert host["Memory"] == host["MemorySwap"] == (TEST_LIMITS["memory_mb"] + SandboxConfig.disk_mb) * 2**20
         assert host["NanoCpus"] == 500_000_000
         assert host["PidsLimit"] == TEST_LIMITS["pids"]
         assert host["ReadonlyRootfs"] is True
