@@ -180,6 +180,7 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "sandbox_exec_p50_ms": sandbox.get("exec_p50_ms"),  # the run's pool so far
         "sandbox_exec_p99_ms": sandbox.get("exec_p99_ms"),
         "sandbox_failures": sandbox.get("failures"),
+        "sandbox_faults": sandbox.get("faults"),  # execs that ran into a limit so far, by kind (oom, disk_full, ...)
         "trainer_wait_s": rec.get("trainer_wait_s"), "learn_s": rec.get("learn_s"),
         "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
         "wall_s": rec.get("time_s"),
