@@ -1,4 +1,4 @@
-"""The `agentrl` command (design §10).
+"""The `agentrl` command (architecture.md §10).
 
     agentrl train --env swe [--config FILE] [key.path=value ...] [--dry-run]
     agentrl eval --env code --model PATH_OR_RUN --n 8

@@ -1,4 +1,4 @@
-"""Environments: the `Env` / `ToolEnv` base classes, the registry and the Gymnasium facade (design §3).
+"""Environments: the `Env` / `ToolEnv` base classes, the registry and the Gymnasium facade (architecture.md §3).
 
 An environment is an async core the rollout engine drives,
 

@@ -1,5 +1,5 @@
 """`agentrl eval --env NAME --model PATH_OR_RUN --n N`: success rate with a confidence interval,
-mean turns, tokens and tool calls (design §10). No training; the same rollout engine.
+mean turns, tokens and tool calls (architecture.md §10). No training; the same rollout engine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model resolution: a model name → a local Hugging Face folder (design §7).
+"""Model resolution: a model name → a local Hugging Face folder (architecture.md §7).
 
     path = resolve_model("smollm2-135m")      # the embedded default, converted once from GGUF
     tok, model = load_tokenizer(path), load_model(path)

@@ -1,4 +1,4 @@
-"""Tool-call parsers: assistant text → tool calls, and tools → the system-prompt text (design §4).
+"""Tool-call parsers: assistant text → tool calls, and tools → the system-prompt text (architecture.md §4).
 
 One registry serves rollout, training and eval:
 

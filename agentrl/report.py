@@ -1,4 +1,4 @@
-"""`agentrl report RUN_DIR`: PNG plots and a one-page HTML summary of a run (design §10).
+"""`agentrl report RUN_DIR`: PNG plots and a one-page HTML summary of a run (architecture.md §10).
 
 Reads `metrics.jsonl` (one JSON object per training step) and writes into `RUN_DIR/report/`:
 reward.png (reward and success over steps), throughput.png, staleness.png (histogram),

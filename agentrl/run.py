@@ -1,4 +1,4 @@
-"""`agentrl train`: one training run end to end (design §10).
+"""`agentrl train`: one training run end to end (architecture.md §10).
 
     plan = prepare_run(env="swe", overrides=["trainer.steps=4"])   # validates; starts nothing
     train(plan)                                                     # run dir, model, pools, loop

@@ -1,4 +1,4 @@
-"""The data that flows: env → rollout → buffer → trainer (design §1, §6).
+"""The data that flows: env → rollout → buffer → trainer (architecture.md §1, §6).
 
 Everything here is plain data with exact JSON round-trips (`to_dict`/`from_dict`,
 `to_json`/`from_json`), so trajectories can be streamed to the partial-response pool,

@@ -1,4 +1,4 @@
-"""Sandboxes (design §5): where agent-written code runs.
+"""Sandboxes (architecture.md §5): where agent-written code runs.
 
     sb = make_sandbox(cfg.sandbox)                     # one sandbox (local bubblewrap by default)
     pool = make_pool(cfg.sandbox, run_id=run_id)       # a warm pool of cfg.sandbox.pool_size

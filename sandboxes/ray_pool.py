@@ -1,4 +1,4 @@
-"""Sandbox pools as Ray actors, one per node, with an exec-by-lease API (design §5 `ray`).
+"""Sandbox pools as Ray actors, one per node, with an exec-by-lease API (architecture.md §5 `ray`).
 
     pools = start_node_pools(cfg.sandbox, run_id=run_id)        # {node_id: actor}, one per alive node
     sb = await acquire(pools[node_id], timeout=30)              # a RaySandbox: the Sandbox protocol

@@ -1,4 +1,4 @@
-"""Tools (design §4): `@tool` turns a typed function into a tool; the built-ins run in the sandbox.
+"""Tools (architecture.md §4): `@tool` turns a typed function into a tool; the built-ins run in the sandbox.
 
     from agentrl.tools import tool, python, bash, str_replace_editor, search, submit
 """

@@ -1,4 +1,4 @@
-"""Inference engines behind one interface (design §7): hf, vllm, openai.
+"""Inference engines behind one interface (architecture.md §7): hf, vllm, openai.
 
     engine = make_engine(cfg)                     # cfg.engine.kind picks the backend
     out = await engine.generate(prompt_ids, SamplingParams(temperature=0.7))

@@ -1,4 +1,4 @@
-"""The inference-engine interface (design §7). Every engine — hf, vllm, openai — implements it."""
+"""The inference-engine interface (architecture.md §7). Every engine — hf, vllm, openai — implements it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `hf` inference engine: transformers in-process, concurrent requests batched (design §7).
+"""The `hf` inference engine: transformers in-process, concurrent requests batched (architecture.md §7).
 
 A background scheduler task owns one running batch. Each step it (1) advances every running
 sequence by one token with the KV cache and (2) prefills the requests that arrived since the last
@@ -10,7 +10,7 @@ rollout needs. Forward passes run on the engine's own worker thread so the event
 serving envs and tools.
 
 Prefix reuse: a multi-turn rollout's turn k+1 prompt starts with turn k's prompt and
-completion (append-only token bookkeeping, design §6), so when a request finishes its row's KV
+completion (append-only token bookkeeping, architecture.md §6), so when a request finishes its row's KV
 is kept in a prefix store (LRU under `prefix_cache_mb`) and a later prompt that starts with
 those tokens prefills only the new ones. Rows of a prefill whose new-token counts differ a lot
 go in separate forward passes instead of one padded one.

@@ -1,4 +1,4 @@
-"""The `openai` inference engine: any OpenAI-compatible server over httpx (design §7).
+"""The `openai` inference engine: any OpenAI-compatible server over httpx (architecture.md §7).
 
 It calls `/v1/completions` with the prompt as token ids and asks for the sampled tokens' ids and
 log-probs (`logprobs=0`, vLLM's `return_token_ids` and `return_tokens_as_token_ids`), so the

@@ -1,4 +1,4 @@
-"""The `vllm` inference engine: vLLM's AsyncLLM in-process (design §7).
+"""The `vllm` inference engine: vLLM's AsyncLLM in-process (architecture.md §7).
 
 Prompts go in as token ids (`TokensPrompt`) and each sampled token comes back with its log-prob
 under the *processed* distribution (`logprobs_mode="processed_logprobs"`: temperature and top-p

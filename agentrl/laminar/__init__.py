@@ -1,4 +1,4 @@
-"""Laminar backend: trajectory-level asynchrony with a relay tier and dynamic repack (design §9,
+"""Laminar backend: trajectory-level asynchrony with a relay tier and dynamic repack (architecture.md §9,
 algorithms.md §1). `run_training` is the entry point; the pieces are importable on their own.
 
 Importing the package loads nothing: each name below is imported from its module on first use

@@ -1,4 +1,4 @@
-"""What a rollout worker actor builds for itself on Ray (design §9): nothing driver-local crosses.
+"""What a rollout worker actor builds for itself on Ray (architecture.md §9): nothing driver-local crosses.
 
     engines = [EngineFactory(cfg)] * cfg.laminar.num_workers    # each actor calls make_engine(cfg)
     env_factory = NodeEnvFactory(cfg, env_builder, run_id)       # envs on the node's sandbox pool

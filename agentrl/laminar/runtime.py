@@ -1,4 +1,4 @@
-"""One code path, two runtimes (design §9): local asyncio objects or Ray actors.
+"""One code path, two runtimes (architecture.md §9): local asyncio objects or Ray actors.
 
 Laminar's components (relays, buffer, prompt pool, partial-response pool, workers, manager)
 talk to each other only through *handles*: `await handle.method(*args)`. A `LocalHandle` calls

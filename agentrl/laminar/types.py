@@ -1,4 +1,4 @@
-"""The records Laminar's components pass to each other (design §9): a prompt group to generate,
+"""The records Laminar's components pass to each other (architecture.md §9): a prompt group to generate,
 an in-flight trajectory's entry, a worker's heartbeat, a trajectory in transit during a repack.
 Plain dataclasses with no behaviour beyond their own fields, so every component (and the
 simulator in bench/laminar_sim.py) can import them without importing another component."""

@@ -1,4 +1,4 @@
-"""Asyncio trajectory-level rollout (design §6): token-exact multi-turn trajectories."""
+"""Asyncio trajectory-level rollout (architecture.md §6): token-exact multi-turn trajectories."""
 
 from agentrl.rollout.context import ContextPolicy, context_policy_of
 from agentrl.rollout.engine import RolloutEngine, RolloutState, step_seed, trajectory_seed

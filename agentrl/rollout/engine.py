@@ -1,4 +1,4 @@
-"""The asyncio trajectory-level rollout engine (design §6).
+"""The asyncio trajectory-level rollout engine (architecture.md §6).
 
     rollout = RolloutEngine(engine, tokenizer, SamplingParams(max_tokens=256), concurrency=16)
     group = await rollout.run_group(lambda: make("code"), task, G=8)

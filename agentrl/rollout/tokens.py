@@ -1,4 +1,4 @@
-"""Token-in/token-out chat bookkeeping (design §6).
+"""Token-in/token-out chat bookkeeping (architecture.md §6).
 
 The rollout keeps the exact token ids the policy sampled and never re-tokenizes the history.
 Everything the env adds (the assistant turn's closing tokens, observation messages, the next

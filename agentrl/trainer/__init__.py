@@ -1,4 +1,4 @@
-"""Trainer: pure losses/advantages/rewards, batch building, the learner and checkpoints (design §8)."""
+"""Trainer: pure losses/advantages/rewards, batch building, the learner and checkpoints (architecture.md §8)."""
 
 from agentrl.trainer.batch import TrainBatch, build_batch
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint

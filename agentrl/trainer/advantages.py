@@ -56,7 +56,7 @@ def drgrpo_advantages(rewards: Tensor, group_index: Tensor, singleton: Singleton
 
 
 def rloo_advantages(rewards: Tensor, group_index: Tensor, singleton: Singleton = "reward") -> Tensor:
-    """RLOO (Ahmadian et al. 2024, leave-one-out baseline), design §8:
+    """RLOO (Ahmadian et al. 2024, leave-one-out baseline), architecture.md §8:
     Â_i = R_i − mean_{j≠i} R_j = G/(G−1) · (R_i − mean_g R)."""
     return _per_group(rewards, group_index, lambda r: (r - r.mean()) * len(r) / (len(r) - 1), singleton)
 

@@ -1,6 +1,6 @@
 """Checkpoints that resume exactly: model, optimizer, scheduler, step, version, the learner's
 shuffle generator, the global RNG states (python, numpy, torch) and a caller's extra dict
-(buffer cursor, resolved config, ...). Design §8, §10.
+(buffer cursor, resolved config, ...). architecture.md §8, §10.
 
     path = save_checkpoint(run_dir / "checkpoints", learner, extra={"cursor": 17})
     extra = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"), learner)

@@ -1,5 +1,5 @@
 """The learner: owns the policy model and its optimizer; turns groups of trajectories into an
-update (design §8; composition order of algorithms.md §9).
+update (architecture.md §8; composition order of algorithms.md §9).
 
 One `step(groups)` is one global batch:
 

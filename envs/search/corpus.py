@@ -1,4 +1,4 @@
-"""The search corpus: one document per ISO record shipped in `pycountry` (design §3).
+"""The search corpus: one document per ISO record shipped in `pycountry` (architecture.md §3).
 
 Records: ISO 3166-1 countries, ISO 3166-2 subdivisions, ISO 4217 currencies and the ISO 639
 languages that have a two-letter (ISO 639-1) code. Doc ids are stable across runs

@@ -1,4 +1,4 @@
-"""The built-in `swe` environment (design §3): SWE-bench-style bug fixing in a sandbox.
+"""The built-in `swe` environment (architecture.md §3): SWE-bench-style bug fixing in a sandbox.
 
     schema.py  task schema (SWE-bench fields) and loaders: load_tasks(path), builtin_tasks()
     mutate.py  AST bug injection: find_mutations(source, path)

@@ -1,4 +1,4 @@
-"""The `swe` environment: fix a bug in a real repository with bash and an editor (design §3).
+"""The `swe` environment: fix a bug in a real repository with bash and an editor (architecture.md §3).
 
 Per episode the task's buggy repository is put at the sandbox work dir and committed as git's
 base. The agent explores and edits with `bash` and `str_replace_editor` and ends with `submit`.

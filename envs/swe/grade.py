@@ -1,6 +1,6 @@
 """Grading SWE patches in a fresh sandbox, and validating tasks (gold patch 1, empty patch 0).
 
-Everything here speaks only the Sandbox protocol (design §5), so it runs the same on the local
+Everything here speaks only the Sandbox protocol (architecture.md §5), so it runs the same on the local
 (bubblewrap) and docker backends. The repository lives at the sandbox work dir; agentrl's own
 files (the source archive, the pytest libraries for images without pytest, the patch) go under
 `.agentrl/`, which git ignores.

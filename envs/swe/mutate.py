@@ -1,4 +1,4 @@
-"""AST bug injection for SWE task synthesis (design §3, issue 8).
+"""AST bug injection for SWE task synthesis (architecture.md §3, issue 8).
 
 Each operator finds sites in a module's AST and proposes one small, plausible bug. A mutation
 rewrites only the source span of the mutated node (or deletes the lines of a dropped guard), so

@@ -1,4 +1,4 @@
-"""Chat-template bookkeeping: append-only verification and token deltas (design §6)."""
+"""Chat-template bookkeeping: append-only verification and token deltas (architecture.md §6)."""
 
 from __future__ import annotations
 
