@@ -7,8 +7,11 @@
 One asyncio task per trajectory; a semaphore bounds how many run at once; each has a wall-clock
 budget (→ `aborted`) and can be cancelled. The context is kept as token ids: the policy's own
 tokens (loss mask 1, behaviour log-prob, weight version) and the chat template's tokens for
-everything else (mask 0), appended by `ChatTokens` and never re-tokenized. A failing env ends
-only its own trajectory (`error`). A trajectory can be paused at a turn boundary and exported
+everything else (mask 0), appended by `ChatTokens` and never re-tokenized. When the chat template
+rewrites earlier turns (Qwen3-style templates drop past `<think>` blocks) there is nothing to
+append: the trajectory goes step-wise, each later policy request its own segment holding the
+template's prompt for it and the tokens sampled under it (agentrl/rollout/stepwise.py). A failing
+env ends only its own trajectory (`error`). A trajectory can be paused at a turn boundary and exported
 (`RolloutState`), then resumed on another RolloutEngine: what Laminar's repack moves (§1.4).
 Context management (e.g. SUPO summarisation, algorithms.md §4) is a `ContextPolicy` the env
 supplies (`env.context_policy`) or the engine is given; this module only applies it.
@@ -26,10 +29,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.agent_env import AgentEnv
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.rollout.context import ContextPolicy, context_policy_of
-from agentrl.rollout.tokens import ChatTokenizer, ChatTokens, verify_append_only
-from agentrl.agent_env import AgentEnv
+from agentrl.rollout.stepwise import APPEND, STEPWISE, starts_with
+from agentrl.rollout.tokens import (
+    ChatTemplateError,
+    ChatTokenizer,
+    ChatTokens,
+    HistoryRewrite,
+    verify_append_only,
+)
 from agentrl.types import Group, Message, Segment, Status, StepResult, Task, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -106,7 +116,9 @@ class RolloutEngine:
     limit of one context; reaching it ends the trajectory `truncated`. context_policy: the
     `ContextPolicy` for an env that brings none of its own (`env.context_policy`), e.g. SUPO.
     on_progress(traj_id, tokens_so_far) is called after every generation and observation (sync
-    or async) so in-flight work can be streamed.
+    or async) so in-flight work can be streamed. verify_template: check at start-up that the
+    chat template is append-only; one that is not still runs, each turn comparing the template's
+    whole rendering with the segment's tokens (a template that passes pays nothing for this).
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: ChatTokenizer,
@@ -135,12 +147,23 @@ class RolloutEngine:
         eos = list(eos_token_ids or [])
         if not eos:  # the template's EOS first, then whatever else the engine stops on
             eos = [tokenizer.eos_token_id, *sorted(set(getattr(engine, "eos_ids", ())) - {tokenizer.eos_token_id})]
-        if verify_template:
-            verify_append_only(tokenizer, eos_token_ids=eos)
         self.chat = ChatTokens(tokenizer, eos)
+        # A template that passes the start-up check is trusted to append: its cheap deltas (which
+        # still raise HistoryRewrite on the live conversation) are used. One that fails it may
+        # rewrite history or render the policy's own tokens differently, so every turn compares
+        # its whole rendering with the segment and goes step-wise where they part.
+        self.compare_renderings = False
+        if verify_template:
+            try:
+                verify_append_only(tokenizer, eos_token_ids=eos)
+            except ChatTemplateError as e:
+                log.warning("%s. Each episode compares the template's rendering with its tokens every turn "
+                            "and goes step-wise (one training row per policy request) where they part.", e)
+                self.compare_renderings = True
         self._sem = asyncio.Semaphore(concurrency)
         self._live: dict[str, _Live] = {}
         self._groups = 0
+        self._agents: Any = None  # agentrl/rollout/agent.py's runner, made by the first AgentEnv episode
 
     @classmethod
     def from_config(cls, engine: InferenceEngine, tokenizer: ChatTokenizer, cfg: Any,
@@ -163,7 +186,6 @@ class RolloutEngine:
     async def run_group(self, env_factory: EnvFactory, task: Task, G: int, *,
                         group_id: str | None = None) -> Group:
         """Run G trajectories of one task concurrently; returns them in index order.
-        self._agents: Any = None  # agentrl/rollout/agent.py's runner, made by the first AgentEnv episode
 
         A trajectory exported meanwhile is absent (it finishes on the engine that resumed it)."""
         gid, starts = self._start_group(env_factory, task, G, group_id)
@@ -353,6 +375,12 @@ class RolloutEngine:
 
     async def _drive(self, state: RolloutState, env: Any) -> None:
         """Run turns until the trajectory ends (raises _End) or a pause is requested (returns)."""
+        if isinstance(env, AgentEnv):  # its program calls the model itself, through the policy endpoint
+            if self._agents is None:
+                from agentrl.rollout.agent import AgentRunner  # the serve extra: fastapi, uvicorn, openai
+
+                self._agents = AgentRunner(self)
+            await self._agents.run(state, env)
         traj = state.trajectory
         policy = context_policy_of(env, self.context_policy)
         traj.env = traj.env or str(getattr(env, "name", type(env).__name__))
@@ -375,12 +403,6 @@ class RolloutEngine:
 
     async def _finalize(self, traj: Trajectory, env: Any) -> None:
         finalize = getattr(env, "afinalize", None)
-        if isinstance(env, AgentEnv):  # its program calls the model itself, through the policy endpoint
-            if self._agents is None:
-                from agentrl.rollout.agent import AgentRunner  # the serve extra: fastapi, uvicorn, openai
-
-                self._agents = AgentRunner(self)
-            await self._agents.run(state, env)
         scored = await self._timed_env(traj, finalize()) if finalize is not None else None
         if scored is not None:
             outcome, components = scored
@@ -390,10 +412,12 @@ class RolloutEngine:
     async def _turn(self, state: RolloutState, env: Any, policy: ContextPolicy | None) -> None:
         """One policy action, one env step, and a compaction (SUPO: a summary) if the context
         grew past the policy's threshold."""
-        traj, seg = state.trajectory, state.trajectory.segments[-1]
-        before = len(seg.token_ids)  # a rollback returns here: the pair and its generation prompt
+        traj = state.trajectory
+        # A rollback returns here: the pair and its generation prompt (step-wise: the pair's segment).
+        n_segments, before = len(traj.segments), len(traj.segments[-1].token_ids)
         limit = self.max_context_tokens if policy is None else min(self.max_context_tokens, policy.working_context)
-        turn, ended_with_eos = await self._policy_turn(state, seg, limit)
+        turn, ended_with_eos = await self._policy_turn(state, limit)
+        seg = traj.segments[-1]
 
         t0 = time.perf_counter()
         state.actions.append(turn.action_text)
@@ -412,23 +436,29 @@ class RolloutEngine:
                        "" if result.terminated else "env")
 
         # The assistant turn's closing tokens, then the observation messages, as the template
-        # renders them after this exact history.
-        turn.obs_start = len(seg.token_ids)
-        seg.append(self.chat.close_assistant(state.context, ended_with_eos)
-                   + self.chat.append_messages(state.context, result.observation), policy=False)
-        turn.obs_end = len(seg.token_ids)
+        # renders them after this exact history (step-wise: none; the next request has its own prompt).
+        history = state.context
+        obs = self._template_tokens(traj, seg, [*history, *result.observation], generation_prompt=False,
+                                    delta=lambda: self.chat.close_assistant(history, ended_with_eos)
+                                    + self.chat.append_messages(history, result.observation))
+        if obs is not None:
+            turn.obs_start = len(seg.token_ids)
+            seg.append(obs, policy=False)
+            turn.obs_end = len(seg.token_ids)
         state.context.extend(result.observation)
         traj.messages.extend(result.observation)
         await self._progress(traj)
 
-        if policy is not None and len(seg.token_ids) >= policy.threshold:
+        context_len = len(seg.token_ids) if traj.mode == APPEND else len(self.chat.rendered(state.context))
+        if policy is not None and context_len >= policy.threshold:
             if traj.num_summaries >= policy.max_compactions:
                 raise _End(Status.TRUNCATED, "supo_max_summaries", overlong=True)
             if policy.drop_last_pair:  # from the token context only: the env keeps its effects
-                seg.truncate(before)
+                del traj.segments[n_segments:]
+                traj.segments[-1].truncate(before)
                 del state.context[len(state.context) - 1 - len(result.observation):]
             await self._compact(state, policy)
-        elif len(seg.token_ids) >= self.max_context_tokens:
+        elif context_len >= self.max_context_tokens:
             raise _End(Status.TRUNCATED, "context")
 
     async def _compact(self, state: RolloutState, policy: ContextPolicy) -> None:
@@ -439,15 +469,20 @@ class RolloutEngine:
         request = policy.compaction_request()
         extracted = None
         if request is not None:
-            seg.append(self.chat.append_messages(state.context, [request]), policy=False)
+            history = state.context
+            tokens = self._template_tokens(traj, seg, [*history, request], generation_prompt=False,
+                                           delta=lambda: self.chat.append_messages(history, [request]))
+            if tokens is not None:
+                seg.append(tokens, policy=False)
             state.context.append(request)
             traj.messages.append(request)
-            turn, _ = await self._policy_turn(state, seg, self.max_context_tokens)
-            extracted = seg.summary = policy.extract(turn.action_text)
+            turn, _ = await self._policy_turn(state, self.max_context_tokens)
+            extracted = traj.segments[-1].summary = policy.extract(turn.action_text)
         traj.num_summaries += 1
         state.context = policy.next_context(state.prompt, state.context, extracted)
         traj.messages.append(state.context[-1])
-        self._new_segment(traj, state.context)
+        if traj.mode == APPEND:  # step-wise, the next request renders its own prompt
+            self._new_segment(traj, state.context)
 
     def _new_segment(self, traj: Trajectory, messages: list[Message]) -> None:
         ids = self.chat.prompt(messages)
@@ -457,17 +492,52 @@ class RolloutEngine:
         seg.append(ids, policy=False)
         traj.segments.append(seg)
 
-    async def _policy_turn(self, state: RolloutState, seg: Segment, limit: int) -> tuple[Turn, bool]:
+    def _template_tokens(self, traj: Trajectory, seg: Segment, messages: list[Message], *,
+                         generation_prompt: bool, delta: Callable[[], list[int]]) -> list[int] | None:
+        """The template's tokens that take `seg` to its rendering of `messages` (with the next
+        assistant turn's opening when `generation_prompt`), or None once the template rewrote
+        earlier turns: the trajectory is then step-wise for good (`traj.mode`), each later
+        request its own segment (agentrl/rollout/stepwise.py).
+
+        `delta()` computes them from the renderings before and after the new part (it raises
+        HistoryRewrite when the earlier rendering is not a prefix of the later); a template that
+        failed the start-up check has its whole rendering compared with the segment's tokens."""
+        if traj.mode == STEPWISE:
+            return None
+        if self.compare_renderings:
+            rendered = self.chat.rendered(messages, generation_prompt)
+            if starts_with(rendered, seg.token_ids):
+                return rendered[len(seg.token_ids):]
+        else:
+            try:
+                return delta()
+            except HistoryRewrite:
+                pass
+        traj.mode = STEPWISE
+        traj.metrics["stepwise_from_turn"] = float(traj.num_turns)  # policy turns taken in append mode
+        return None
+
+    async def _policy_turn(self, state: RolloutState, limit: int) -> tuple[Turn, bool]:
         """Open an assistant turn and sample it with at most `limit` tokens of context in all.
 
-        The policy's tokens go in with mask 1, their behaviour log-probs and weight version;
-        the assistant message joins the context. Returns the Turn and whether it ended in EOS."""
+        The turn continues the last segment, or (step-wise) opens its own segment with the
+        template's whole prompt for this request. The policy's tokens go in with mask 1, their
+        behaviour log-probs and weight version; the assistant message joins the context. Returns
+        the Turn and whether it ended in EOS."""
         traj = state.trajectory
-        gen_prompt = self.chat.generation_prompt(state.context)
+        seg = traj.segments[-1]
+        history = state.context
+        gen_prompt = self._template_tokens(traj, seg, history, generation_prompt=True,
+                                           delta=lambda: self.chat.generation_prompt(history))
+        if gen_prompt is None:
+            gen_prompt = self.chat.rendered(history, generation_prompt=True)
+            seg = Segment(prompt_len=len(gen_prompt))
         room = limit - len(seg.token_ids) - len(gen_prompt)
         if room < 1:
             raise _End(Status.TRUNCATED, "context")
         seg.append(gen_prompt, policy=False)
+        if seg is not traj.segments[-1]:
+            traj.segments.append(seg)
         params = replace(self.sampling, max_tokens=min(self.sampling.max_tokens, room),
                          seed=step_seed(state.seed, state.step))
         state.step += 1

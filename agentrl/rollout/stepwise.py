@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from agentrl.types import Segment, Turn
 
@@ -30,17 +31,24 @@ class Sample:
     text: str = ""  # the completion as text (the Turn's action_text)
     finish_reason: str = "stop"
     generate_seconds: float = 0.0
+    # The first request's closed prompt (before the generation prompt), as the rollout engine counts
+    # a context's prompt; None: all of prompt_ids.
+    prompt_len: int | None = None
+
+
+def starts_with(ids: Sequence[int], history: Sequence[int]) -> bool:
+    """Whether `ids` begins with `history`, token for token (the append rule)."""
+    return len(ids) >= len(history) and list(ids[: len(history)]) == list(history)
 
 
 def extends(previous: Sample, prompt_ids: Sequence[int]) -> bool:
     """Whether `prompt_ids` starts with `previous`'s prompt and sample, token for token."""
-    history = previous.prompt_ids + previous.completion_ids
-    return len(prompt_ids) >= len(history) and list(prompt_ids[: len(history)]) == history
+    return starts_with(prompt_ids, previous.prompt_ids + previous.completion_ids)
 
 
 def episode_mode(samples: Sequence[Sample]) -> str:
     """APPEND when every request extends the one before it, else STEPWISE."""
-    ok = all(extends(a, b.prompt_ids) for a, b in zip(samples, samples[1:]))
+    ok = all(extends(a, b.prompt_ids) for a, b in pairwise(samples))
     return APPEND if ok else STEPWISE
 
 
@@ -68,7 +76,8 @@ def segments_from_samples(samples: Sequence[Sample]) -> tuple[list[Segment], str
             _policy_turn(seg, sample)
             segments.append(seg)
         return segments, mode
-    seg = Segment(prompt_len=len(samples[0].prompt_ids))
+    first = samples[0]
+    seg = Segment(prompt_len=len(first.prompt_ids) if first.prompt_len is None else first.prompt_len)
     seg.append(list(samples[0].prompt_ids), policy=False)
     for sample, following in zip(samples, [*samples[1:], None]):
         turn = _policy_turn(seg, sample)

@@ -5,7 +5,8 @@ Everything the env adds (the assistant turn's closing tokens, observation messag
 generation prompt) is appended as the chat template's tokens *for the new part only*: the text
 that `render(history + new)` adds to `render(history)`. That is only sound if the template is
 append-only — each rendering is a prefix of the next — so `verify_append_only` checks it at
-start-up and every delta re-checks it on the live conversation (`ChatTemplateError` otherwise).
+start-up and every delta re-checks it on the live conversation (`HistoryRewrite` otherwise: the
+rollout engine then goes step-wise, agentrl/rollout/stepwise.py).
 
 A context (one segment) is laid out as
 
@@ -25,6 +26,11 @@ from agentrl.types import Message
 
 class ChatTemplateError(RuntimeError):
     """The chat template is not append-only (or lacks what token bookkeeping needs)."""
+
+
+class HistoryRewrite(ChatTemplateError):
+    """The template rendered earlier turns differently once a message was added (e.g. it dropped a
+    past assistant turn's `<think>` block): there is no delta to append."""
 
 
 class ChatTokenizer(Protocol):
@@ -85,10 +91,14 @@ class ChatTokens:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def rendered(self, messages: Sequence[Message], generation_prompt: bool = False) -> list[int]:
+        """The template's whole rendering of `messages`, in tokens."""
+        return self.encode(self.render(messages, generation_prompt))
+
     def _delta(self, before: str, after: str, what: str) -> str:
         if not after.startswith(before):
             i = _first_difference(before, after)
-            raise ChatTemplateError(
+            raise HistoryRewrite(
                 f"chat template is not append-only while adding {what}: rendering changed at "
                 f"character {i}: before {before[max(0, i - 40):i + 40]!r}, after "
                 f"{after[max(0, i - 40):i + 40]!r}")
@@ -98,7 +108,7 @@ class ChatTokens:
 
     def prompt(self, messages: Sequence[Message]) -> list[int]:
         """The closed rendering of the initial messages (no generation prompt)."""
-        return self.encode(self.render(messages))
+        return self.rendered(messages)
 
     def generation_prompt(self, history: Sequence[Message]) -> list[int]:
         """Tokens that open the next assistant turn after `history` (ChatML: `<|im_start|>assistant\\n`)."""
