@@ -22,7 +22,6 @@ from agentrl.envs.summarize import CONTINUATION_TEMPLATE, continuation_messages,
 from agentrl.laminar.buffer import ExperienceBuffer, GroupVersionError
 from agentrl.laminar.relay import broadcast_time, optimal_broadcast_time, optimal_chunks
 from agentrl.laminar.repack import RolloutLoad, best_fit_repack, repack_candidates
-from agentrl.trainer import bounds, dvp, staleness
 from agentrl.trainer.advantages import (
     broadcast_to_segments,
     drgrpo_advantages,
@@ -136,27 +135,12 @@ def trm_exact_kl() -> None:
     close(exact_kl_from_logits(roll, torch.tensor([0.7, 0.29, 0.01]).log()), 0.155946)
 
 
-def trm_bound_table() -> None:
-    tab = bounds.bound_table(4096, 1e-4, 5e-3, 0.01, 0.05)
-    want = {"classical_kl": 1677.312, "classical_tv": 838.656, "pinsker_marginal_kl": 34.9461,
-            "pinsker_marginal_tv": 24.7106, "mixed_kl": 8.192, "mixed_tv": 4.096, "coupling": 79.91}
-    for name, value in want.items():
-        close(tab[name], value, atol=5e-5)  # 6 significant digits as printed
-    close(bounds.coupling(4096, math.sqrt(1e-4 / 2)), 113.838, atol=5e-4)
-
-
 def trm_ppo_leak() -> None:
     loss, clipped = ppo_clip_loss(torch.tensor(900.0), torch.tensor(-1.0), 0.2, 0.2)
     close(-loss, -900.0)
     assert not clipped
     close(k2(torch.tensor(math.log(900))), 23.1363, atol=1e-4)  # the doc prints 23.13 (truncated)
     assert not trm_sequence_mask(torch.ones(1, 1), "max", 0.1, 1.0, log_ratio=torch.tensor([[math.log(900)]]))
-
-
-def trm_headline() -> None:
-    b = bounds.unified_bound(4096, 1e-4, 5e-3, 0.01, 0.05)
-    assert b <= 4.1
-    close(bounds.classical_bound_kl(4096, 1e-4) / b, 409.5, atol=1e-3)
 
 
 # -- §3.5 G-RA ---------------------------------------------------------------------------------
@@ -257,19 +241,6 @@ def otb_toy_group() -> None:
     close(drgrpo_advantages(torch.tensor([1.0, 0.0]), group), [0.5, -0.5])  # the GRPO-without-std contrast
 
 
-# -- §7.3 DVP ----------------------------------------------------------------------------------
-
-def dvp_example() -> None:
-    z = torch.tensor([3.0, 2.0, 0.0, -3.0])
-    close(torch.softmax(z, -1), [0.704153, 0.259044, 0.035058, 0.001745])
-    safe = dvp.min_p_safe_set(z, 0.1)
-    assert safe.tolist() == [True, True, False, False]
-    close(dvp.pruned_mass(z, safe), 0.0368032)
-    close(dvp.pruned_logprobs(z, safe)[:2], [-0.313262, -1.313262])
-    assert dvp.out_of_support(safe.expand(2, 4), torch.tensor([2, 3])).all()
-    close(dvp.mismatch_bound(torch.softmax(z.double(), -1), 0.01), [0.005917, 0.014819, 0.019299, 0.019965])
-
-
 # -- §8 related methods ------------------------------------------------------------------------
 
 def grpo_drgrpo() -> None:
@@ -285,11 +256,6 @@ def areal_decoupled() -> None:
         loss, _ = decoupled_ppo_loss(torch.tensor(math.log(0.9)), torch.tensor(math.log(0.6)),
                                      torch.tensor(math.log(0.5)), torch.tensor(adv), 0.2, 0.2)
         close(-loss, objective)
-
-
-def areal_staleness() -> None:
-    assert staleness.max_admitted(0, 4, 1) == 8 and staleness.max_admitted(1, 4, 1) == 12
-    assert staleness.admits(8, 0, 4, 1) and not staleness.admits(9, 0, 4, 1)
 
 
 def tis() -> None:
@@ -333,13 +299,14 @@ EXAMPLES = [
              "tests/trainer/test_losses.py::test_trm_divisor_rule_26a")),
     Example("2.6b", "exact KL 0.0268125 accepted, 0.155946 rejected", trm_exact_kl,
             ("tests/trainer/test_losses.py::test_trm_exact_kl_26b",)),
-    Example("2.6c", "bound calculator table (1677.31 … 79.91, 113.838)", trm_bound_table,
-            ("tests/trainer/test_bounds.py::test_bound_table_26c",
-             "tests/trainer/test_bounds.py::test_coupling_with_eps_from_pinsker_26c")),
+    Example("2.6c", "bound calculator table (1677.31 … 79.91, 113.838)", None, (),
+            "not applicable: the bound calculators (trainer/bounds.py) were used by no training path and were "
+            "removed (issue 55); trust-region masking itself is 2.6a/2.6b"),
     Example("2.6d", "PPO leak ρ=900: objective −900, k2 = 23.13", trm_ppo_leak,
             ("tests/trainer/test_losses.py::test_ppo_leak_and_dual_clip_26d",)),
-    Example("2.7", "unified bound ≤ 4.1, 409× tighter than 1677", trm_headline,
-            ("tests/trainer/test_bounds.py::test_unified_headline_27",)),
+    Example("2.7", "unified bound ≤ 4.1, 409× tighter than 1677", None, (),
+            "not applicable: a theoretical bound, computed by trainer/bounds.py, which no training path used "
+            "(removed, issue 55)"),
     Example("3.5", "G-RA −0.5 / 0.2 / 1.1 / −1.0 vs D-RA −0.2 / 2.0", gra,
             ("tests/trainer/test_rewards.py::test_gra_35",)),
     Example("4.5.1", "SUPO advantage broadcast ±0.707106 over rollouts", supo_broadcast,
@@ -368,18 +335,18 @@ EXAMPLES = [
             ("tests/trainer/test_logprobs.py::test_otb_proxy_example",)),
     Example("6.5.2", "OTB toy group [0.972973, 0.753086, 0(1)], [−0.027027, −0.246914]", otb_toy_group,
             ("tests/trainer/test_advantages.py::test_otb_toy_group_65",)),
-    Example("7.3", "DVP safe set {0,1}, mass 0.0368032, log π̃, (1−p) bound", dvp_example,
-            ("tests/trainer/test_dvp.py::test_safe_set_mass_and_logprobs_73",
-             "tests/trainer/test_dvp.py::test_mismatch_bound_73",
-             "tests/trainer/test_dvp.py::test_uniform_perturbations_stay_under_the_first_order_bound_73")),
+    Example("7.3", "DVP safe set {0,1}, mass 0.0368032, log π̃, (1−p) bound", None, (),
+            "not applicable: DVP (trainer/dvp.py, inferred from an abstract) was used by no training path and "
+            "was removed (issue 55)"),
     Example("8.1", "GRPO ±0.866024, Dr.GRPO ±0.5, all-equal 0, G=1 → A=R", grpo_drgrpo,
             ("tests/trainer/test_advantages.py::test_grpo_unbiased_std_81", "tests/trainer/test_advantages.py::test_drgrpo_81",
              "tests/trainer/test_advantages.py::test_all_equal_group_is_zero_and_groups_are_independent",
              "tests/trainer/test_advantages.py::test_singleton_convention_flagged_81")),
     Example("8.2a", "AReaL decoupled objective 1.44 / −1.8", areal_decoupled,
             ("tests/trainer/test_losses.py::test_areal_decoupled_82",)),
-    Example("8.2b", "AReaL staleness admission B=4, η=1 → 8, 12", areal_staleness,
-            ("tests/trainer/test_staleness.py::test_admission_82",)),
+    Example("8.2b", "AReaL staleness admission B=4, η=1 → 8, 12", None, (),
+            "not applicable: agentrl follows Laminar, which bounds no staleness (§1.3); the admission rule "
+            "(trainer/staleness.py) was used by no training path and was removed (issue 55)"),
     Example("8.3", "TIS weight 3.0 truncated to 2.0, detached", tis,
             ("tests/trainer/test_losses.py::test_tis_weight_truncated_and_detached_83",)),
     Example("8.4", "GSPO s = e^0.1 = 1.105171, clipped to 1.0004", gspo,
