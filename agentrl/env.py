@@ -531,8 +531,7 @@ def has_demonstrations(env: Any) -> bool:
 def env_class_demonstrates(name: str) -> bool:
     """Whether the env registered as `name` overrides `Env.demonstrate`, told from its class
     without building it (True when it cannot be told: a factory function, not a class)."""
-    target = registry().get(name, name)
-    cls = load_entry_point(target) if isinstance(target, str) else target
+    cls = env_class(name)  # a registered name, "SCHEME:SPEC" or "package.module:Class"
     return not (isinstance(cls, type) and issubclass(cls, Env) and cls.demonstrate is Env.demonstrate)
 
 
