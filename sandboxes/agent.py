@@ -20,13 +20,15 @@ same uid then cannot open /proc/<agent>/fd, read its memory or ptrace it, so it 
 nor write the channel.
 
 `fault` names a sandbox limit the command ran into (`classify`): the memory cgroup's OOM kills and
-the pids cgroup's refused forks where the sandbox has cgroup files of its own (Docker), the
+hits of its limit and the pids cgroup's refused forks where the sandbox has cgroup files of its
+own (Docker), the
 process count against `pids` (sampled while it runs, in a pid namespace of its own), a `watch`
 dir left with no free block, and the errors programs print when the kernel refuses memory, a
 fork or a write (bubblewrap has no cgroup of its own, so these are what it has).
 
 An exec ends when its command exits, or at its timeout, when its process group is killed; what it
-left in the background keeps running until `reset` but does not hold the exec open. Output past
+left in the background keeps running until `reset` but does not hold the exec open (unless it hit
+the process limit: then its process group is killed as the exec ends). Output past
 `cap` bytes per stream is counted, not kept. `reset` kills every other process in the sandbox's
 pid namespace (`kill_all`; only the process groups it started when there is no namespace) and
 empties the `wipe` dirs, removes SysV IPC objects, and puts every other writable tmpfs it saw at
@@ -56,9 +58,11 @@ _token = ""  # set from the host's second line
 _baseline: dict = {}  # writable tmpfs mount point -> the paths it held at start-up
 VOLATILE_FS = ("tmpfs", "shm", "mqueue")
 PIDS_SAMPLE_S = 0.05  # how often a running exec counts the sandbox's processes
-# cgroup counters (v2 file, v1 file; field): OOM kills, forks refused at pids.max
-OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"), "oom_kill")
-PIDS_COUNTER = (("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"), "max")
+# cgroup counters ((v2 file, field), (v1 file, field); field None: the file is the number): OOM
+# kills, times memory use hit the limit, forks refused at pids.max
+OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"))
+MEM_MAX_COUNTER = (("/sys/fs/cgroup/memory.events", "max"), ("/sys/fs/cgroup/memory/memory.failcnt", None))
+PIDS_COUNTER = (("/sys/fs/cgroup/pids.events", "max"), ("/sys/fs/cgroup/pids/pids.events", "max"))
 # what programs print when the kernel refuses them (lower case; matched against stderr)
 OOM_TEXT = (b"memoryerror", b"cannot allocate memory", b"std::bad_alloc", b"out of memory")
 PIDS_TEXT = (b"fork: retry", b"fork: resource temporarily unavailable", b"cannot fork",
@@ -94,9 +98,10 @@ def reap_orphans(*_: object) -> None:
 
 def counter(spec: tuple) -> int:
     """A cgroup event counter (0 where the sandbox has no such file: bubblewrap, cgroup-less hosts)."""
-    paths, field = spec
-    for path in paths:
+    for path, field in spec:
         with contextlib.suppress(OSError, ValueError), open(path) as f:
+            if field is None:
+                return int(f.read())
             for line in f:
                 name, _, value = line.partition(" ")
                 if name == field:
@@ -121,15 +126,16 @@ def full(dirs: list) -> bool:
     return False
 
 
-def classify(stderr: bytes, exit_code: int, timed_out: bool, oom_kills: int, pids_refused: int,
+def classify(stderr: bytes, exit_code: int, timed_out: bool, oom_kills: int, mem_max_hits: int, pids_refused: int,
              pids_peaked: bool, filled: bool, full_now: bool) -> "str | None":
-    """The sandbox limit a command ran into, if any; the cause first (a fork bomb also times out).
-    `filled`: a watched dir had free space before the command and none after; `full_now`: one has
-    none now. An error text counts only with a sign that the command failed (or the disk is full),
-    so a program that merely prints the words is no fault."""
+    """The sandbox limit a command ran into, if any; the cause first (a fork bomb also times out,
+    and so does a program thrashing at the memory limit). `filled`: a watched dir had free space
+    before the command and none after; `full_now`: one has none now. An error text, or memory use
+    at the limit, counts only with a sign that the command failed (or the disk is full), so a
+    program that merely prints the words is no fault."""
     text = stderr.lower()
     failed = exit_code != 0 or timed_out
-    if oom_kills or (failed and any(t in text for t in OOM_TEXT)):
+    if oom_kills or (failed and (mem_max_hits or any(t in text for t in OOM_TEXT))):
         return "oom"
     if pids_refused or pids_peaked or (failed and any(t in text for t in PIDS_TEXT)):
         return "pids"
@@ -142,7 +148,7 @@ def run(req: dict) -> dict:
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
     cap = int(req.get("cap", 1_000_000))
     pids = req.get("pids")  # set only in a pid namespace of the sandbox's own
-    oom_before, pids_before = counter(OOM_COUNTER), counter(PIDS_COUNTER)
+    oom_before, mem_max_before, pids_before = counter(OOM_COUNTER), counter(MEM_MAX_COUNTER), counter(PIDS_COUNTER)
     watch = req.get("watch") or []
     full_before = full(watch)
     try:
@@ -158,7 +164,18 @@ def run(req: dict) -> dict:
                 "err_omitted": 0, "exit_code": 127 if isinstance(e, FileNotFoundError) else 126,
                 "timed_out": False, "fault": "pids" if refused else None}
     if stdin is not None:
-        threading.Thread(target=feed, args=(proc, stdin), daemon=True).start()
+        try:
+            threading.Thread(target=feed, args=(proc, stdin), daemon=True).start()
+        except RuntimeError:  # no thread to be had: the process limit is full
+            end_group(proc.pid)
+            proc.wait()
+            with _ours_lock:
+                _ours.discard(proc.pid)
+            proc.stdout.close()
+            proc.stderr.close()
+            why = b"cannot start the command: the sandbox's process limit is full\n"
+            return {"stdout": "", "stderr": base64.b64encode(why).decode(), "out_omitted": 0, "err_omitted": 0,
+                    "exit_code": 126, "timed_out": False, "fault": "pids"}
     kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
     omitted = {proc.stdout: 0, proc.stderr: 0}
     sel = selectors.DefaultSelector()
@@ -201,10 +218,35 @@ def run(req: dict) -> dict:
     err = bytes(kept[proc.stderr])
     full_after = full(watch)
     fault = classify(err, exit_code, timed_out, counter(OOM_COUNTER) - oom_before,
-                     counter(PIDS_COUNTER) - pids_before, pids_peaked, full_after and not full_before, full_after)
+                     counter(MEM_MAX_COUNTER) - mem_max_before, counter(PIDS_COUNTER) - pids_before, pids_peaked, full_after and not full_before, full_after)
+    if fault == "pids":  # what it left behind holds the whole process budget (a fork bomb): end it now
+        end_group(proc.pid)
     return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(), "stderr": base64.b64encode(err).decode(),
             "out_omitted": omitted[proc.stdout], "err_omitted": omitted[proc.stderr],
             "exit_code": exit_code, "timed_out": timed_out, "fault": fault}
+
+
+def group_left(pgid: int) -> bool:
+    """Whether any process (zombies too) is still in process group `pgid`."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                    return True
+    return False
+
+
+def end_group(pgid: int, within_s: float = 2.0) -> None:
+    """SIGKILL process group `pgid` until nothing of it is left (its members fork while they are
+    killed), reaping what was re-parented to us, so that its process budget is free again."""
+    deadline = time.monotonic() + within_s
+    while True:
+        kill_group(pgid)
+        if os.getpid() == 1:
+            reap_orphans()
+        if not group_left(pgid) or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def feed(proc: subprocess.Popen, data: bytes) -> None:
