@@ -92,6 +92,7 @@ class EnvConfig:
     tool_parser: str | None = None
     max_output_chars: int | None = None
     tool_timeout_s: float | None = None
+    mcp_servers: list[str] = field(default_factory=list)  # a ToolEnv also gets these MCP servers' tools
 
 
 @dataclass

@@ -45,6 +45,7 @@ import gymnasium as gym
 from agentrl.parsing import ParseResult, ToolCall, get_parser
 from agentrl.sandboxes.common import FAULT_DEAD, SandboxDead
 from agentrl.tools.core import Tool, ToolResult, example_arguments, truncate
+from agentrl.tools.mcp import mcp_tools
 from agentrl.tools.schema import ArgumentError
 from agentrl.types import Message, StepResult, Task
 
@@ -265,8 +266,10 @@ class ToolEnv(Env):
     def __init__(self, *, sandbox_pool: Any = None, sandbox_config: Any = None, parser: str | None = None,
                  max_turns: int | None = None, max_output_chars: int | None = None,
                  tool_timeout_s: float | None = None, step_reward_alpha: float | None = None,
-                 split: str = "train") -> None:
+                 split: str = "train", mcp_servers: Sequence[str] = ()) -> None:
         super().__init__(split=split)
+        if mcp_servers:  # env.mcp_servers (docs/interop.md): their tools join the class's own
+            self.tools = (*self.tools, *(t for server in mcp_servers for t in mcp_tools(server)))
         self.step_reward_alpha = self.step_reward_alpha if step_reward_alpha is None else step_reward_alpha
         self.parser = parser or self.parser
         self.max_turns = self.max_turns if max_turns is None else max_turns

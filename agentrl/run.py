@@ -126,7 +126,8 @@ def make_env(cfg: Config, pool: Any) -> Any:
     if _is_tool_env(cfg.env.name):
         settings = {"parser": cfg.env.tool_parser, "max_turns": cfg.env.max_turns,
                     "max_output_chars": cfg.env.max_output_chars, "tool_timeout_s": cfg.env.tool_timeout_s,
-                    "step_reward_alpha": cfg.reward.step_reward_alpha, "sandbox_pool": pool}
+                    "step_reward_alpha": cfg.reward.step_reward_alpha, "sandbox_pool": pool,
+                    "mcp_servers": cfg.env.mcp_servers or None}
         kwargs = {k: v for k, v in settings.items() if v is not None}
     env = agentrl.make(cfg.env.name, **{**kwargs, **cfg.env.kwargs})
     if cfg.summarize.enabled:
