@@ -28,7 +28,7 @@ from agentrl.config import SandboxConfig
 from agentrl.envs.swe.batch import PackageResult, resolve_spec, synthesize_package
 from agentrl.envs.swe.runtime import RuntimeSpec, default_workers, ensure_runtime
 from agentrl.envs.swe.schema import DATA_DIR, builtin_tasks
-from agentrl.envs.swe.synth import analyse_repo, fetch_sdist, unpack
+from agentrl.envs.swe.source import analyse_repo, fetch_sdist, unpack
 
 
 def _prepare(spec: str, out: Path) -> str:

@@ -22,7 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .grade import ValidationCache, split_patch, validate_tasks
+from .runtime import task_sandboxes
 from .schema import DATA_DIR, SUITE_DIR, load_tasks, save_tasks
+from .source import fetch_sdist
+from .synth import synthesize
 
 _NETWORK = re.compile(r"(ConnectionError|Network is unreachable|Temporary failure in name resolution|"
                       r"Name or service not known|urlopen error|socket\.gaierror|MaxRetryError)")
@@ -84,10 +88,6 @@ async def synthesize_package(spec: str, cfg: Any, out_dir: Path, *, max_tasks: i
                              time_budget_s: float = 600.0, workers: int = 1) -> PackageResult:
     """Synthesise and validate one package's tasks into out_dir, on `workers` sandboxes at once;
     never raises for the package's own problems (they become `why`)."""
-    from .grade import ValidationCache, validate_tasks
-    from .runtime import task_sandboxes
-    from .synth import fetch_sdist, synthesize
-
     start = time.perf_counter()
     result = PackageResult(spec)
     try:
@@ -171,8 +171,6 @@ def ship(staging: Path, dest: Path = SUITE_DIR, test_every: int = 5) -> dict[str
 
 def difficulty(task: dict[str, Any]) -> dict[str, Any]:
     """Figures to sort tasks by: lines and files the fix changes, tests it must turn green, the bug's kind."""
-    from .grade import split_patch
-
     changed = [ln for ln in task["patch"].splitlines()
                if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     return {"lines_changed": len(changed), "files_changed": len(split_patch(task["patch"])),

@@ -13,16 +13,14 @@ from collections.abc import Callable
 from agentrl.parsing import ToolCall
 from agentrl.types import Task
 
-from .grade import split_patch
+from .grade import hunk_texts, split_patch
 
 _HUNK = re.compile(r"^@@ -(\d+)", re.MULTILINE)
 
 
 def _hunks(section: str) -> list[tuple[int, str, str]]:
     """(first old line, old text, new text) of each hunk of one file's diff."""
-    from .env import _hunk_texts
-
-    olds, news = _hunk_texts(section)
+    olds, news = hunk_texts(section)
     starts = [int(m.group(1)) for m in _HUNK.finditer(section)]
     return list(zip(starts, olds, news))
 

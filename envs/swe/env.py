@@ -19,19 +19,24 @@ import asyncio
 import concurrent.futures
 import hashlib
 import inspect
+import json
 from dataclasses import replace
 from typing import Any
 
+from agentrl.config import SandboxConfig
 from agentrl.env import CallOutcome, ToolEnv
+from agentrl.errors import UserError
 from agentrl.parsing import ParseResult
+from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox, SandboxPool, make_pool, make_sandbox
 from agentrl.tools import bash, state_get, str_replace_editor, submit
 from agentrl.types import Task
 
 from . import runtime as rt
 from .datasets import requirements
-from .grade import GIT, ValidationCache, grade, prepare_repo, validate_tasks
-from .schema import resolve_tasks
-from .synth import ensure_task_image
+from .demos import swe_demonstration
+from .grade import GIT, ValidationCache, grade, hunk_texts, prepare_repo, split_patch, validate_tasks
+from .images import ensure_task_image
+from .schema import resolve_tasks, task_split
 
 OUTCOME_REWARDS = {"no_submit": -1.0, "empty": -0.5, "fail": 0.0, "pass": 1.0}
 SPLITS = ("train", "dev", "test", "all")
@@ -106,12 +111,10 @@ class SWEEnv(ToolEnv):
             for instance_id, reason in self.rejected:
                 print(f"[agentrl] swe: task {instance_id} rejected: {_one_line(reason)}", flush=True)
             if not self._valid:
-                from agentrl.errors import UserError
-
                 first = "; ".join(f"{tid}: {why}" for tid, why in self.rejected[:2])
                 raise UserError(f"all {len(self.rejected)} SWE tasks were rejected by validation ({first})",
                                 fix="`agentrl swe validate [TASK_FILE]` shows why each task fails")
-        return [t for t in self._valid if split == "all" or _split_of(t) == split]
+        return [t for t in self._valid if split == "all" or task_split(t) == split]
 
     def _validated(self, tasks: list[Task]) -> list[Task]:
         """Run validation on a private loop in a worker thread (tasks() is sync and may be
@@ -162,8 +165,6 @@ class SWEEnv(ToolEnv):
         """(class, limits) of the bubblewrap/process sandboxes this env makes with a task runtime
         mounted: those of the shared pool's sandboxes, else of `sandbox_config`. None on docker."""
         if self._template_cache is False:
-            from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox
-
             factory = getattr(self.sandbox_pool, "factory", None)
             if callable(factory):
                 probe = factory()
@@ -183,8 +184,6 @@ class SWEEnv(ToolEnv):
 
 
     def _sandbox_cfg(self) -> Any:
-        from agentrl.config import SandboxConfig
-
         return self.sandbox_config or SandboxConfig()
 
     def _image(self, task: Task) -> str:
@@ -202,8 +201,6 @@ class SWEEnv(ToolEnv):
         return self._router
 
     async def _pool_for(self, task: Task) -> Any:
-        from agentrl.sandboxes import SandboxPool, make_pool
-
         key = self._sandbox_key(task)
         if key not in self._pools:
             template = await self._template()
@@ -232,8 +229,6 @@ class SWEEnv(ToolEnv):
         factory = getattr(self.sandbox_pool, "factory", None)
         if callable(factory):
             return factory()
-        from agentrl.sandboxes import make_sandbox
-
         cfg = self._sandbox_cfg()
         if cfg.backend == "docker":
             await asyncio.to_thread(ensure_task_image, task, cfg.image)
@@ -268,8 +263,6 @@ class SWEEnv(ToolEnv):
 
     async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
         """Failing test → view → gold hunks via the editor → tests → submit (envs/swe/demos.py)."""
-        from .demos import swe_demonstration
-
         return swe_demonstration(task, self.tool_parser.format_call, self.max_turns, seed)
 
     async def submission(self) -> str:
@@ -317,14 +310,6 @@ class _TaskPools:
         await self._owner.pop(id(lease)).put(lease)
 
 
-def _split_of(task: Task) -> str:
-    """The task's `split` (the suite splits by package: test packages are never trained on), else
-    a stable per-task split: about one task in five is held out for test."""
-    if task.get("split"):
-        return str(task["split"])
-    return "test" if int(hashlib.sha256(task["instance_id"].encode()).hexdigest(), 16) % 5 == 0 else "train"
-
-
 def _one_line(text: str, limit: int = 300) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit] + " ..."
@@ -337,41 +322,15 @@ def _short_hash(text: str) -> str:
 def gold_actions(task: Task) -> list[str]:
     """Hermes-format actions that apply the task's gold patch through the editor, then submit:
     what a perfect agent would do (used by tests and `env check`)."""
-    import json
-
-    from .grade import split_patch
-
     actions = []
     for path, text in split_patch(task["patch"]):
-        old, new = _hunk_texts(text)
+        old, new = hunk_texts(text)
         for o, n in zip(old, new):
             call = {"name": "str_replace_editor",
                     "arguments": {"command": "str_replace", "path": path, "old_str": o, "new_str": n}}
             actions.append(f"<tool_call>{json.dumps(call)}</tool_call>")
     actions.append('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
     return actions
-
-
-def _hunk_texts(section: str) -> tuple[list[str], list[str]]:
-    """(old, new) text of each hunk of one file's diff, context lines included."""
-    olds, news = [], []
-    old: list[str] | None = None
-    new: list[str] = []
-    for line in section.splitlines():
-        if line.startswith("@@"):
-            if old is not None:
-                olds.append("\n".join(old))
-                news.append("\n".join(new))
-            old, new = [], []
-        elif old is not None and line[:1] in (" ", "-", "+") and not line.startswith(("---", "+++")):
-            if line[0] in " -":
-                old.append(line[1:])
-            if line[0] in " +":
-                new.append(line[1:])
-    if old is not None:
-        olds.append("\n".join(old))
-        news.append("\n".join(new))
-    return olds, news
 
 
 __all__ = ["OUTCOME_REWARDS", "SWEEnv", "gold_actions"]

@@ -32,13 +32,13 @@ from agentrl.sandboxes.base import Sandbox
 
 from .runtime import on_each, provide_runtime, runtime_fingerprint
 from .schema import resolve_source
+from .source import is_test_file
 
 AGENTRL_DIR = ".agentrl"  # agentrl's files inside the work dir; listed in .git/info/exclude
 GIT = "git -c user.name=agentrl -c user.email=agentrl@localhost -c core.fileMode=false"
 PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
                              "tox.ini", "setup.cfg", "pyproject.toml",
                              "sitecustomize.py", "usercustomize.py", "noxfile.py"})
-TEST_DIRS = frozenset({"test", "tests", "testing"})
 # Never part of the agent's diff: agentrl's files, and what running tools leaves in HOME (= work dir).
 GIT_EXCLUDE = (f"/{AGENTRL_DIR}/", "/.local/", "/.cache/", "/.config/", "/.*_history", "__pycache__/", "*.pyc",
                ".pytest_cache/")
@@ -49,13 +49,6 @@ _SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$"
 # ---------------------------------------------------------------------------------------------
 # Which files are tests, and filtering a diff
 # ---------------------------------------------------------------------------------------------
-
-
-def is_test_file(path: str) -> bool:
-    """pytest's default discovery rules plus test directories."""
-    p = PurePosixPath(path)
-    return (p.name.startswith("test_") or p.name.endswith("_test.py") or p.name == "conftest.py"
-            or any(part in TEST_DIRS for part in p.parts[:-1]))
 
 
 # Names that would shadow the test framework or the grading plugin on sys.path, and package
@@ -91,6 +84,28 @@ def split_patch(patch: str) -> list[tuple[str, str]]:
             raise ValueError(f"cannot find the file name in diff section: {text[:120]!r}")
         out.append((path, text))
     return out
+
+
+def hunk_texts(section: str) -> tuple[list[str], list[str]]:
+    """(old, new) text of each hunk of one file's diff, context lines included."""
+    olds, news = [], []
+    old: list[str] | None = None
+    new: list[str] = []
+    for line in section.splitlines():
+        if line.startswith("@@"):
+            if old is not None:
+                olds.append("\n".join(old))
+                news.append("\n".join(new))
+            old, new = [], []
+        elif old is not None and line[:1] in (" ", "-", "+") and not line.startswith(("---", "+++")):
+            if line[0] in " -":
+                old.append(line[1:])
+            if line[0] in " +":
+                new.append(line[1:])
+    if old is not None:
+        olds.append("\n".join(old))
+        news.append("\n".join(new))
+    return olds, news
 
 
 def _section_path(text: str) -> str | None:

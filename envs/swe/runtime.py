@@ -12,11 +12,12 @@ is renamed into place only when complete (a crash leaves no half runtime). pip's
 rebuild fast. Inside a local sandbox the runtime is mounted read-only at RUNTIME_MOUNT and its
 bin/ leads PATH, so the agent's `python3 -m pytest` and the grader both use it; a sandbox the env
 did not make (a shared pool) gets the runtime's site-packages uploaded instead (grade.py).
-Docker tasks use their per-package image (synth.build_image), built from the base image alone.
+Docker tasks use their per-package image (images.build_image), built from the base image alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
@@ -31,9 +32,14 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox, make_sandbox
+
+from .schema import resolve_source
+from .source import analyse_repo, unpack
 
 RUNTIME_MOUNT = "/opt/agentrl/runtime"  # where a local sandbox sees its task's runtime (read-only)
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # PATH inside a local sandbox (AgentSandbox's default)
@@ -206,8 +212,6 @@ def _build(spec: RuntimeSpec, exe: Path, venv: Path) -> list[str]:
 
 
 def _declared_test_requirements(archive: Path) -> list[str]:
-    from .synth import analyse_repo, unpack
-
     with tempfile.TemporaryDirectory() as tmp:
         try:
             return analyse_repo(unpack(archive, Path(tmp))).test_requirements
@@ -248,8 +252,6 @@ def task_specs(tasks: Iterable[dict[str, Any]]) -> dict[RuntimeSpec, list[str]]:
 
 
 def _with_archive(spec: RuntimeSpec, task: dict[str, Any]) -> RuntimeSpec:
-    from .schema import resolve_source
-
     archive = resolve_source(task)
     return RuntimeSpec(spec.package, str(archive) if archive else "", spec.pythonpath)
 
@@ -309,8 +311,6 @@ def sandbox_with_runtime(cls: type, limits: Any, runtime: Runtime) -> Any:
     """A fresh sandbox of `cls` (LocalSandbox or its no-isolation subclass ProcessSandbox) whose
     `python3` is the runtime's: bubblewrap mounts it read-only at RUNTIME_MOUNT; a process
     sandbox, which sees the host, uses it in place."""
-    from agentrl.sandboxes import ProcessSandbox
-
     if issubclass(cls, ProcessSandbox):
         sandbox = cls(limits)
         bin_dir = str(runtime.path / "bin")
@@ -333,8 +333,6 @@ async def provide_runtime(sandbox: Any, task: dict[str, Any], site_dir: str) -> 
     """Make pytest and the package's dependencies importable by the sandbox's `python3`, from the
     task runtime and never from agentrl's venv. A sandbox made without the runtime (a shared
     pool's) gets the runtime's site-packages uploaded to `site_dir`."""
-    import asyncio
-
     r = await sandbox.exec(_PROBE, timeout=30)
     answer = r.stdout.strip()
     if not r.ok:
@@ -354,11 +352,6 @@ async def provide_runtime(sandbox: Any, task: dict[str, Any], site_dir: str) -> 
 async def make_task_sandbox(cfg: Any, task: dict[str, Any], log: Callable[[str], None] | None = print) -> Any:
     """A fresh sandbox for `task` under sandbox config `cfg`: on the local and process backends
     with the task's runtime (built first if missing), on docker of the task's image."""
-    import asyncio
-    from dataclasses import replace
-
-    from agentrl.sandboxes import Limits, LocalSandbox, ProcessSandbox, make_sandbox
-
     if cfg.backend in ("local", "process"):
         runtime = await asyncio.to_thread(task_runtime, task, log)
         cls = LocalSandbox if cfg.backend == "local" else ProcessSandbox
@@ -375,8 +368,6 @@ def default_workers() -> int:
 async def task_sandboxes(cfg: Any, task: dict[str, Any], n: int,
                          log: Callable[[str], None] | None = print) -> AsyncIterator[list[Any]]:
     """`n` fresh sandboxes for `task` (make_task_sandbox), all closed on exit."""
-    import asyncio
-
     if n < 1:
         raise ValueError(f"workers must be >= 1, got {n}")
     sandboxes: list[Any] = []
@@ -391,8 +382,6 @@ async def task_sandboxes(cfg: Any, task: dict[str, Any], n: int,
 async def on_each(sandboxes: list[Any], work: Callable[[Any], Awaitable[None]]) -> None:
     """Run `work(sandbox)` on every sandbox at once; the first failure cancels the others (so none
     is still running when the sandboxes close) and is raised."""
-    import asyncio
-
     running = [asyncio.ensure_future(work(s)) for s in sandboxes]
     try:
         await asyncio.gather(*running)

@@ -27,10 +27,14 @@ them. `id` mirrors `instance_id` (agentrl's Task key).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Any
+
+from .datasets import to_agentrl
+from .source import fetch_sdist
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SUITE_DIR = DATA_DIR / "suite"
@@ -101,8 +105,6 @@ def load_tasks(path: str | Path, problems: list[str] | None = None) -> list[dict
     A bad record (missing field, invalid JSON, duplicate id) raises TaskError naming the file,
     line and task, unless `problems` is a list: then that one line is appended there, the record
     is skipped and the other tasks still load."""
-    from .datasets import to_agentrl
-
     path = Path(path)
     if not path.exists():
         raise TaskError(f"task file not found: {path}")
@@ -150,7 +152,7 @@ def load_tasks(path: str | Path, problems: list[str] | None = None) -> list[dict
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # optional: only parquet files need it
     except ImportError:
         raise TaskError(f"{path}: reading parquet needs pyarrow; install it with: pip install pyarrow") from None
     return pq.read_table(path).to_pylist()
@@ -197,9 +199,15 @@ def resolve_source(task: dict[str, Any], cache_dir: Path | None = None) -> Path 
     elif kind == "file":
         path = Path(ref).expanduser()
     else:
-        from .synth import fetch_sdist  # pip download only when asked
-
         path = fetch_sdist(ref, cache_dir or Path("~/.cache/agentrl/swe/sdists").expanduser())
     if not path.exists():
         raise TaskError(f"task {task.get('instance_id')}: source archive {path} not found")
     return path
+
+
+def task_split(task: dict[str, Any]) -> str:
+    """The task's `split` (the suite splits by package: test packages are never trained on), else
+    a stable per-task split: about one task in five is held out for test."""
+    if task.get("split"):
+        return str(task["split"])
+    return "test" if int(hashlib.sha256(task["instance_id"].encode()).hexdigest(), 16) % 5 == 0 else "train"

@@ -14,9 +14,9 @@ import pytest
 
 from agentrl.config import SandboxConfig
 from agentrl.envs.swe.grade import ValidationCache, validate_tasks
+from agentrl.envs.swe.images import ensure_task_image
 from agentrl.envs.swe.runtime import task_sandboxes
 from agentrl.envs.swe.schema import builtin_tasks
-from agentrl.envs.swe.synth import ensure_task_image
 
 SUITE = builtin_tasks("suite")
 SEED = int(os.environ.get("AGENTRL_SWE_SAMPLE_SEED", time.strftime("%Y%m%d")))

@@ -14,20 +14,14 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import SandboxConfig
+from agentrl.envs.swe.cli import main
 from agentrl.envs.swe.grade import ValidationCache, task_key, validate_task, validate_tasks
+from agentrl.envs.swe.images import dockerfile
 from agentrl.envs.swe.runtime import MARKER, on_each, runtime_key, sandbox_python, spec_of
 from agentrl.envs.swe.schema import load_tasks
-from agentrl.envs.swe.synth import (
-    analyse_repo,
-    dockerfile,
-    main,
-    parse_spec,
-    problem_statement,
-    related_tests,
-    synthesize,
-    unpack,
-)
-from agentrl.envs.swe.synth import test_requirements as requirements_for_tests  # not a test itself
+from agentrl.envs.swe.source import analyse_repo, parse_spec, unpack
+from agentrl.envs.swe.source import test_requirements as requirements_for_tests  # not a test itself
+from agentrl.envs.swe.synth import problem_statement, related_tests, synthesize
 from agentrl.sandboxes import LocalSandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
