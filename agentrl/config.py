@@ -107,7 +107,7 @@ class SandboxConfig:
     pids: int = 64
     max_output_bytes: int = 1_000_000
     file_size_mb: int = 512  # RLIMIT_FSIZE / ulimit fsize inside the sandbox
-    disk_mb: int = 1024  # size cap of the sandbox's /work (a tmpfs; counts against memory on docker)
+    disk_mb: int = 1024  # size cap of /work (a tmpfs: ENOSPC when full; docker adds it to the memory cgroup)
     read_only_root: bool = True  # docker: False for images whose task files live outside /work (reset recreates)
 
 

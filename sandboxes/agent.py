@@ -21,10 +21,9 @@ nor write the channel.
 
 `fault` names a sandbox limit the command ran into (`classify`): the memory cgroup's OOM kills and
 hits of its limit and the pids cgroup's refused forks where the sandbox has cgroup files of its
-own (Docker), the
-process count against `pids` (sampled while it runs, in a pid namespace of its own), a `watch`
-dir left with no free block, and the errors programs print when the kernel refuses memory, a
-fork or a write (bubblewrap has no cgroup of its own, so these are what it has).
+own (Docker), the process count against `pids` (sampled while it runs, in a pid namespace of its
+own), a `watch` dir left with no free block, and the errors programs print when the kernel
+refuses memory, a fork or a write (bubblewrap has no cgroup of its own, so these are what it has).
 
 An exec ends when its command exits, or at its timeout, when its process group is killed; what it
 left in the background keeps running until `reset` but does not hold the exec open (unless it hit
@@ -60,7 +59,8 @@ VOLATILE_FS = ("tmpfs", "shm", "mqueue")
 PIDS_SAMPLE_S = 0.05  # how often a running exec counts the sandbox's processes
 # cgroup counters ((v2 file, field), (v1 file, field); field None: the file is the number): OOM
 # kills, times memory use hit the limit, forks refused at pids.max
-OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"))
+OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "oom_kill"),
+               ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"))
 MEM_MAX_COUNTER = (("/sys/fs/cgroup/memory.events", "max"), ("/sys/fs/cgroup/memory/memory.failcnt", None))
 PIDS_COUNTER = (("/sys/fs/cgroup/pids.events", "max"), ("/sys/fs/cgroup/pids/pids.events", "max"))
 # what programs print when the kernel refuses them (lower case; matched against stderr)
@@ -126,8 +126,8 @@ def full(dirs: list) -> bool:
     return False
 
 
-def classify(stderr: bytes, exit_code: int, timed_out: bool, oom_kills: int, mem_max_hits: int, pids_refused: int,
-             pids_peaked: bool, filled: bool, full_now: bool) -> "str | None":
+def classify(stderr: bytes, exit_code: int, timed_out: bool, oom_kills: int, mem_max_hits: int,
+             pids_refused: int, pids_peaked: bool, filled: bool, full_now: bool) -> "str | None":
     """The sandbox limit a command ran into, if any; the cause first (a fork bomb also times out,
     and so does a program thrashing at the memory limit). `filled`: a watched dir had free space
     before the command and none after; `full_now`: one has none now. An error text, or memory use
@@ -148,7 +148,8 @@ def run(req: dict) -> dict:
     stdin = base64.b64decode(req["stdin"]) if req.get("stdin") is not None else None
     cap = int(req.get("cap", 1_000_000))
     pids = req.get("pids")  # set only in a pid namespace of the sandbox's own
-    oom_before, mem_max_before, pids_before = counter(OOM_COUNTER), counter(MEM_MAX_COUNTER), counter(PIDS_COUNTER)
+    oom_before, mem_max_before = counter(OOM_COUNTER), counter(MEM_MAX_COUNTER)
+    pids_before = counter(PIDS_COUNTER)
     watch = req.get("watch") or []
     full_before = full(watch)
     try:
@@ -218,10 +219,12 @@ def run(req: dict) -> dict:
     err = bytes(kept[proc.stderr])
     full_after = full(watch)
     fault = classify(err, exit_code, timed_out, counter(OOM_COUNTER) - oom_before,
-                     counter(MEM_MAX_COUNTER) - mem_max_before, counter(PIDS_COUNTER) - pids_before, pids_peaked, full_after and not full_before, full_after)
+                     counter(MEM_MAX_COUNTER) - mem_max_before, counter(PIDS_COUNTER) - pids_before,
+                     pids_peaked, full_after and not full_before, full_after)
     if fault == "pids":  # what it left behind holds the whole process budget (a fork bomb): end it now
         end_group(proc.pid)
-    return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(), "stderr": base64.b64encode(err).decode(),
+    return {"stdout": base64.b64encode(bytes(kept[proc.stdout])).decode(),
+            "stderr": base64.b64encode(err).decode(),
             "out_omitted": omitted[proc.stdout], "err_omitted": omitted[proc.stderr],
             "exit_code": exit_code, "timed_out": timed_out, "fault": fault}
 
