@@ -50,6 +50,9 @@ MOVED = {
 class ModelConfig:
     name: str = "smollm2-135m"  # embedded default, a local HF folder, or a hub id
     cache_dir: str = "~/.cache/agentrl/models"
+    # A Jinja chat template file used instead of the model's own (null: the model's). One that rewrites
+    # earlier turns (Qwen3's drops past <think> blocks) makes its episodes step-wise: a row per request
+    chat_template: str | None = None
 
 
 @dataclass
@@ -560,6 +563,9 @@ def validate(cfg: Config) -> None:
          "engine.speculative_tokens must be >= 0 (0 turns the hf engine's prompt-lookup speculation off)"),
         (cfg.trainer.lora.rank == 0 or cfg.engine.kind != "openai",
          "trainer.lora needs an engine that takes weights (engine.kind=hf or vllm); the openai engine cannot"),
+        (cfg.model.chat_template is None or Path(cfg.model.chat_template).expanduser().is_file(),
+         f"model.chat_template: no file {cfg.model.chat_template!r}; give the path of a Jinja chat template "
+         "(or null for the model's own)"),
     ]
     for ok, message in checks:
         if not ok:

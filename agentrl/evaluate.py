@@ -332,7 +332,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
     one episode each; returns their trajectories and, with `eval.group_by`, each task's group."""
     from agentrl.inference import make_engine
     from agentrl.inference.base import SamplingParams, all_cores
-    from agentrl.models import load_tokenizer, resolve_configured
+    from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
     from agentrl.rollout.engine import RolloutEngine
     from agentrl.run import make_env
     from agentrl.sandboxes import make_pool
@@ -349,7 +349,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
             weights = await asyncio.to_thread(merged_lora_weights, resolve_configured(cfg.model), cfg.trainer.lora,
                                               weights)
         await engine.load_weights(weights, int(state["version"]))
-    tokenizer = load_tokenizer(resolve_configured(cfg.model))
+    tokenizer = use_chat_template(load_tokenizer(resolve_configured(cfg.model)), cfg.model)
     pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
     await pool.start()
     try:

@@ -189,6 +189,14 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(_as_folder(path)))
 
 
+def use_chat_template(tokenizer: Any, model: ModelConfig) -> Any:
+    """The tokenizer with `model.chat_template`'s file in place of its own template, when one is set
+    (the rollout renders every turn with it); returned for chaining."""
+    if model.chat_template is not None:
+        tokenizer.chat_template = Path(model.chat_template).expanduser().read_text()
+    return tokenizer
+
+
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float32' | 'bfloat16' | 'float16' (or a torch.dtype) → torch.dtype."""
     import torch

@@ -54,11 +54,11 @@ class Stages:
                     train_tasks: list[Task], resumed_extra: dict[str, Any] | None = None) -> Stages:
         """Load what the stages need and the warm-start data (so bad data stops the run before
         any training: DemonstrationError)."""
-        from agentrl.models import load_tokenizer, resolve_configured
+        from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
 
         extra = resumed_extra or {}
         stages = cls(cfg, run_dir, learner, env_factory, train_tasks,
-                     load_tokenizer(resolve_configured(cfg.model)),
+                     use_chat_template(load_tokenizer(resolve_configured(cfg.model)), cfg.model),
                      warm_done=bool(extra.get("warm_start_done")), fresh=int(extra.get("step", 0)) == 0)
         heldout_ids: set[str] = set()
         if cfg.eval.enabled:

@@ -21,7 +21,16 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
 
 def make_engine(cfg: Config) -> InferenceEngine:
-    """Build the engine named by `cfg.engine.kind` for `cfg.model`."""
+    """Build the engine named by `cfg.engine.kind` for `cfg.model`; its tokenizer (the rollout's)
+    renders turns with `model.chat_template` when one is set."""
+    from agentrl.models import use_chat_template
+
+    engine = _build_engine(cfg)
+    use_chat_template(engine.tokenizer, cfg.model)  # type: ignore[attr-defined]
+    return engine
+
+
+def _build_engine(cfg: Config) -> InferenceEngine:
     from agentrl.models import resolve_configured, resolve_device
 
     kind = cfg.engine.kind
