@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -34,13 +33,13 @@ from typing import Any
 from agentrl.config import ConfigError
 from agentrl.env import ToolEnv, load_entry_point
 from agentrl.interop.packages import check_known, require
+from agentrl.interop.rows import held_out, read_rows
 from agentrl.tools.core import Tool
 from agentrl.types import Message, StepResult, Task
 
 SPLITS = ("train", "test")
 _NOT_TOOLS = ("reset", "get_reward")  # TRL's reserved methods
 _NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # what TRL does not forward as row columns
-_TEST_EVERY = 5
 
 
 def load_ref(ref: str, kind: str) -> Any:
@@ -59,25 +58,6 @@ def load_ref(ref: str, kind: str) -> Any:
             raise
         check_known(kind, attr.split(".")[0], [n for n in vars(module) if not n.startswith("_")], scheme="trl")
     return load_entry_point(ref)
-
-
-def _read_rows(path: str, what: str) -> list[dict[str, Any]]:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"trl: env.kwargs.{what}: no such file {path} (a JSONL of dataset rows, one JSON "
-                          "object per line)")
-    rows = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"trl: {path}:{n} is not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"trl: {path}:{n} must be a JSON object (a dataset row), got {type(row).__name__}")
-        rows.append(row)
-    return rows
 
 
 def method_tools(instance: Any) -> list[Tool]:
@@ -155,18 +135,24 @@ class TRLEnv(ToolEnv):
             raise ConfigError(f"trl: {spec} has no public method to call as a tool")
         super().__init__(**kwargs)
         self.default_system = system_prompt
-        rows = _read_rows(tasks, "tasks")
-        stem = Path(tasks).stem
-        ided = [{**r, "id": r.get("id", f"trl/{stem}/{i}")} for i, r in enumerate(rows)]
+        self._given_ids: set[str] = set()  # ids the rows carried themselves (passed on to reset)
+        ided = self._with_ids(tasks, "tasks")
         if test_tasks is not None:
-            test_rows = _read_rows(test_tasks, "test_tasks")
-            held = [{**r, "id": r.get("id", f"trl/{Path(test_tasks).stem}/{i}")} for i, r in enumerate(test_rows)]
-            self._splits = {"train": ided, "test": held}
+            self._splits = {"train": ided, "test": self._with_ids(test_tasks, "test_tasks")}
         else:
-            self._splits = {"train": [r for i, r in enumerate(ided) if i % _TEST_EVERY != _TEST_EVERY - 1],
-                            "test": [r for i, r in enumerate(ided) if i % _TEST_EVERY == _TEST_EVERY - 1]}
+            self._splits = {"train": [r for i, r in enumerate(ided) if not held_out(i)],
+                            "test": [r for i, r in enumerate(ided) if held_out(i)]}
         self._prompt: list[Message] = []
         self._completion: list[Message] = []
+
+    def _with_ids(self, path: str, what: str) -> list[Task]:
+        """The rows of `path` as tasks: a row's own "id", else trl/FILE_STEM/LINE_INDEX."""
+        tasks = []
+        for i, row in enumerate(read_rows(path, option=f"env.kwargs.{what}", scheme="trl")):
+            if "id" in row:
+                self._given_ids.add(str(row["id"]))
+            tasks.append({**row, "id": str(row.get("id", f"trl/{Path(path).stem}/{i}"))})
+        return tasks
 
     @classmethod
     def check_spec(cls, spec: str) -> Any:
@@ -186,9 +172,9 @@ class TRLEnv(ToolEnv):
 
     # -- the episode --------------------------------------------------------------------------------
 
-    @staticmethod
-    def _row(task: Task) -> dict[str, Any]:
-        return {k: v for k, v in task.items() if k != "id"}
+    def _row(self, task: Task) -> dict[str, Any]:
+        """The dataset row as TRL passes it: the id agentrl gave a row without one left out."""
+        return task if task["id"] in self._given_ids else {k: v for k, v in task.items() if k != "id"}
 
     async def setup(self, task: Task) -> None:
         """`reset(**row)` (off the event loop: user code may block), then the prompt it extends."""
