@@ -198,7 +198,7 @@ async def test_every_row_of_a_stepwise_trajectory_gets_its_advantage() -> None:
     assert len(batch) == sum(len(t.segments) for t in trajs) == 6
     assert batch.traj_index.tolist() == [0, 0, 0, 1, 1, 1]
     row = 0
-    for i, (traj, adv) in enumerate(zip(trajs, [0.75, -0.5])):
+    for traj, adv in zip(trajs, [0.75, -0.5]):
         for seg in traj.segments:
             n = len(seg.token_ids)
             assert batch.input_ids[row, :n].tolist() == seg.token_ids
@@ -207,3 +207,20 @@ async def test_every_row_of_a_stepwise_trajectory_gets_its_advantage() -> None:
             assert torch.all(batch.advantages[row][mask] == adv) and torch.all(batch.advantages[row][~mask] == 0)
             assert batch.behaviour_logprobs[row, :n].tolist() == pytest.approx(seg.logprobs)
             row += 1
+
+
+async def test_laminar_single_version_rule_spans_every_stepwise_row() -> None:
+    """Laminar's buffer takes a trajectory only at one weight version (`Trajectory.version`): a
+    push between two step-wise requests is flagged like one inside an append segment."""
+    rollout, engine = rollout_with(QWEN3_TEMPLATE, version=1)
+
+    async def push(tid: str, n: int) -> None:
+        if rollout.snapshot(tid).mode == STEPWISE:
+            engine.version = 2  # weights swapped after the rewrite, under a running trajectory
+
+    rollout.on_progress = push
+    traj = await rollout.run_trajectory(user_env(3), TASK)
+    assert traj.mode == STEPWISE and [set(s.versions) - {-1} for s in traj.segments] == [{1}, {2}, {2}]
+    assert traj.metrics["version_switches"] == 2.0  # each request after the push
+    with pytest.raises(ValueError, match="mixes weight versions"):
+        _ = traj.version
