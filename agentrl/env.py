@@ -45,7 +45,7 @@ import gymnasium as gym
 from agentrl.parsing import ParseResult, ToolCall, get_parser
 from agentrl.sandboxes.common import FAULT_DEAD, SandboxDead
 from agentrl.tools.core import Tool, ToolResult, example_arguments, truncate
-from agentrl.tools.mcp import mcp_tools
+from agentrl.tools.mcp import close_sessions, mcp_tools
 from agentrl.tools.schema import ArgumentError
 from agentrl.types import Message, StepResult, Task
 
@@ -434,6 +434,7 @@ class ToolEnv(Env):
         return await self._outcome()
 
     async def aclose(self) -> None:
+        await close_sessions(self)  # the MCP servers its episodes started (agentrl/tools/mcp.py)
         await self._release_sandbox()
         pool, self._private_pool = self._private_pool, None
         if pool is not None:
