@@ -36,6 +36,7 @@ from agentrl.tools.jsonschema_tool import schema_tool
 INSTALL = "pip install 'agentrl[mcp]'"
 _POLL_S = 0.1  # how soon after an episode ends its server is stopped
 DEFAULT_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # a stdio server's start-up (a Python one imports `mcp`: seconds on a busy host)
 
 
 class MCPError(RuntimeError):
@@ -95,7 +96,7 @@ async def _connect(server: MCPServer) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def list_tools(server: MCPServer, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict[str, Any]]:
+def list_tools(server: MCPServer, timeout_s: float = START_TIMEOUT_S) -> list[dict[str, Any]]:
     """`tools/list` of `server` as [{"name", "description", "inputSchema"}], asked once per process
     (an env module is imported again for each env built from a file path), on a thread of its own
     so that it works from inside a running event loop too."""
@@ -208,28 +209,30 @@ def _result_text(result: Any) -> str:
 
 
 def mcp_tools(target: str | Sequence[str], *, include: Sequence[str] | None = None, prefix: str = "",
-              timeout_s: float = DEFAULT_TIMEOUT_S, env: dict[str, str] | None = None,
-              cwd: str | None = None) -> tuple[Tool, ...]:
+              timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S,
+              env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[Tool, ...]:
     """The tools of an MCP server: `target` is a stdio command line ("python -m my_server", or an
     argv list) or a streamable-HTTP URL. `include` keeps only the named tools; `prefix` is put
-    before each name (two servers with a tool of the same name); `timeout_s` bounds each call."""
+    before each name (two servers with a tool of the same name); `timeout_s` bounds each call and
+    `start_timeout_s` a server's start (and the listing)."""
     server = MCPServer.parse(target, env=env, cwd=cwd)
-    listed = list(list_tools(server, timeout_s))
+    listed = list(list_tools(server, start_timeout_s))
     if include is not None:
         unknown = sorted(set(include) - {t["name"] for t in listed})
         if unknown:
             raise MCPError(f"MCP server `{server}` has no tool {', '.join(unknown)}; it has: "
                            f"{', '.join(t['name'] for t in listed)}")
         listed = [t for t in listed if t["name"] in include]
-    return tuple(_make_tool(server, t, prefix, timeout_s) for t in listed)
+    return tuple(_make_tool(server, t, prefix, timeout_s, start_timeout_s) for t in listed)
 
 
-def _make_tool(server: MCPServer, spec: dict[str, Any], prefix: str, timeout_s: float) -> Tool:
+def _make_tool(server: MCPServer, spec: dict[str, Any], prefix: str, timeout_s: float,
+               start_timeout_s: float) -> Tool:
     remote_name = spec["name"]
 
     async def call(env: Any, **arguments: Any) -> ToolResult:
         try:
-            session = await asyncio.wait_for(_session(server, env), timeout_s)
+            session = await asyncio.wait_for(_session(server, env), start_timeout_s)
         except Exception as e:
             return ToolResult(error=f"MCP server `{server}` did not start: {_describe(e)}")
         try:
@@ -247,7 +250,7 @@ def _make_tool(server: MCPServer, spec: dict[str, Any], prefix: str, timeout_s: 
         return ToolResult(output=text)
 
     return schema_tool(prefix + remote_name, spec["description"] or remote_name, spec["inputSchema"] or {},
-                       call, timeout=timeout_s + 5.0, inject=("env",))
+                       call, timeout=start_timeout_s + timeout_s + 5.0, inject=("env",))
 
 
 __all__ = ["MCPError", "MCPServer", "close_sessions", "list_tools", "mcp_tools"]
