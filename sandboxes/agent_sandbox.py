@@ -167,6 +167,10 @@ class AgentSandbox:
     """Base class: the Sandbox protocol, given a backend's `_launch()` and `_teardown()`."""
 
     kill_all_on_reset = True  # the sandbox has its own pid namespace
+    # Niceness of the commands, above the agent's: in a sandbox with a CPU cgroup of its own (docker)
+    # a fork bomb's hundred spinning processes would otherwise starve the agent that must time them
+    # out. 0 where niceness would reach beyond the sandbox (bubblewrap shares the host's scheduler).
+    command_nice = 0
     wipe_on_reset: tuple[str, ...] = (WORKDIR, "/tmp")
 
     def __init__(self, limits: Limits | None = None, path: str = "/usr/local/bin:/usr/bin:/bin") -> None:
@@ -295,7 +299,8 @@ class AgentSandbox:
                 cwd=self._inside(cwd) if cwd else self._inside(WORKDIR), env={**self.base_env, **(env or {})},
                 stdin=data, timeout=timeout, cap=cap or self.limits.max_output_bytes,
                 # the process count is the sandbox's own only in a pid namespace of its own
-                pids=self.limits.pids if self.kill_all_on_reset else None, watch=list(self.wipe_on_reset))
+                pids=self.limits.pids if self.kill_all_on_reset else None, watch=list(self.wipe_on_reset),
+                nice=self.command_nice)
         except SandboxDead as e:
             raise SandboxDead(f"exec in {self!r} failed: {e}") from e
         except SandboxError as e:

@@ -71,6 +71,8 @@ def _reload(container: Any) -> bool:
 class DockerSandbox(AgentSandbox):
     """A container on a Docker engine. Nothing starts until `start()` or the first call."""
 
+    command_nice = 10  # the container is its own CPU cgroup: niceness ranks only its own processes
+
     def __init__(self, image: str = DEFAULT_IMAGE, limits: Limits | None = None, *, run_id: str | None = None,
                  pool: str = "default", read_only: bool = True, labels: dict[str, str] | None = None,
                  client: Any = None) -> None:

@@ -497,7 +497,7 @@ async def test_builtin_tools_in_a_real_bwrap_env() -> None:
     r = await env.astep(call("python", code="import runpy; runpy.run_path('answer.py')") + call("bash", command="ls"))
     assert [m["content"] for m in r.observation] == ["7", "answer.py"]
     r = await env.astep(call("bash", command="sleep 20"))
-    assert r.observation[0]["content"] == "Error: timed out after 1 s; the process was killed"
+    assert r.observation[0]["content"] == "Error: sandbox fault (timeout): timed out after 1 s; the process was killed"
     r = await env.astep(call("submit"))
     assert r.terminated and r.info["outcome_reward"] == 1.0
     sandbox = env.sandbox

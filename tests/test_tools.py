@@ -342,7 +342,7 @@ async def test_python_and_bash_in_bwrap(sandbox: Any) -> None:
 async def test_sandbox_tool_timeout_kills_the_process(sandbox: Any) -> None:
     start = time.perf_counter()
     out = await bash.call({"command": "echo started; sleep 30"}, sandbox=sandbox, timeout=0.5)
-    assert out.error == "timed out after 0.5 s; the process was killed"
+    assert out.error == "sandbox fault (timeout): timed out after 0.5 s; the process was killed" and out.fault == "timeout"
     assert time.perf_counter() - start < 5
 
 

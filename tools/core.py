@@ -107,8 +107,9 @@ class Tool:
                 value = await asyncio.wait_for(self.fn(**kwargs), guard)
             else:  # a sync tool must not block the event loop other trajectories share
                 value = await asyncio.wait_for(asyncio.to_thread(self.fn, **kwargs), guard)
-        except asyncio.TimeoutError:
-            return ToolResult(error=f"tool '{self.name}' timed out after {limit:g} s")
+        except asyncio.TimeoutError:  # past the guard: a sandboxed call's wall clock is a sandbox fault
+            return ToolResult(error=f"tool '{self.name}' timed out after {limit:g} s",
+                              fault="timeout" if "sandbox" in self.inject else None)
         except Exception as e:  # a SandboxDead carries its fault kind
             return ToolResult(error=f"tool '{self.name}' raised {type(e).__name__}: {e}", fault=getattr(e, "fault", None))
         return _as_result(value)

@@ -23,10 +23,9 @@ FAULT_MESSAGES = {
 
 
 def fault_error(fault: str, timeout: float) -> str:
-    """The error line naming a sandbox fault, e.g. `sandbox fault (oom): out of memory: ...`; a
-    timeout reads as it always has."""
+    """The error line naming a sandbox fault, e.g. `sandbox fault (oom): out of memory: ...`."""
     if fault == FAULT_TIMEOUT:
-        return f"timed out after {timeout:g} s; the process was killed"
+        return f"sandbox fault ({fault}): timed out after {timeout:g} s; the process was killed"
     return f"sandbox fault ({fault}): {FAULT_MESSAGES.get(fault, fault)}"
 
 
