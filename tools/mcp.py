@@ -193,8 +193,10 @@ def _describe(e: BaseException) -> str:
 
 def _field(obj: Any, snake: str) -> Any:
     """A field of an mcp type: snake_case in mcp 2, camelCase in mcp 1."""
+    if hasattr(obj, snake):
+        return getattr(obj, snake)
     head, *rest = snake.split("_")
-    return getattr(obj, snake, getattr(obj, head + "".join(w.title() for w in rest), None))
+    return getattr(obj, head + "".join(w.title() for w in rest), None)
 
 
 def _result_text(result: Any) -> str:

@@ -110,6 +110,19 @@ def test_an_episode_maps_action_observation_reward_and_done(form: str, server_ur
         env.close()
 
 
+def test_gymnasium_make_builds_it_by_name() -> None:
+    import gymnasium as gym
+
+    env = gym.make("agentrl/env-v0", name=CLASS_SPEC, train_tasks=2)
+    try:
+        messages, _ = env.reset(seed=0)
+        assert "Guess it" in messages[1]["content"]
+        _, _, terminated, truncated, _ = env.step(_guess(env.unwrapped, 3))
+        assert isinstance(terminated, bool) and not truncated
+    finally:
+        env.close()
+
+
 def test_a_task_file_gives_reset_kwargs_prompts_and_splits(tmp_path: Path, server_url: str) -> None:
     rows = [{"id": f"r{i}", "reset": {"seed": i}, "prompt": f"Round {i}."} for i in range(10)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
