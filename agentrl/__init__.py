@@ -10,7 +10,7 @@ torch and the envs' own modules are imported only when used.
 
 from typing import Any
 
-from agentrl.agent_env import AgentEnv
+from agentrl.agent_env import AgentEnv, EnvAgent
 from agentrl.env import Env, EnvError, EpisodeOverError, ToolEnv, list_envs, make, register, registry
 
 __version__ = "0.1.0"
@@ -32,5 +32,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'agentrl' has no attribute '{name}'")
 
 
-__all__ = ["AgentEnv", "Env", "EnvError", "EpisodeOverError", "Tool", "ToolEnv", "ToolResult", "check_env", "get_parser",
+__all__ = ["AgentEnv", "Env", "EnvAgent", "EnvError", "EpisodeOverError", "Tool", "ToolEnv", "ToolResult", "check_env", "get_parser",
            "list_envs", "make", "register", "registry", "tool"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agentrl.env import Env, EnvError, ToolEnv, _short
+from agentrl.env import Env, EnvError, EpisodeOverError, ToolEnv, _short
 from agentrl.types import Message, StepResult, Task
 
 
@@ -58,6 +58,7 @@ class AgentEnv(Env):
         self._sandbox_source: Any = None
         self.sandbox: Any = None
         self.task: Task | None = None
+        self._facade: Any = None
 
     # -- what the user writes -------------------------------------------------------------------
 
@@ -105,16 +106,64 @@ class AgentEnv(Env):
         return components["reward"], components
 
     async def aclose(self) -> None:
+        await self._end_facade()
         await self._release_sandbox()
         pool, self._private_pool = self._private_pool, None
         if pool is not None:
             await pool.close()
 
-    # -- the step-wise API does not apply: the program drives itself ---------------------------
+    # -- the Gymnasium facade: the caller plays the policy (agentrl/rollout/agent.py::ProgramFacade) --
 
     async def areset(self, task: Task) -> list[Message]:
-        raise NotImplementedError(f"{type(self).__name__} is an AgentEnv: its program calls the model itself; "
-                                  "train or evaluate it with `agentrl train/eval --env ...`")
+        """Run the program on `task` until its first model request; return that request's messages."""
+        from agentrl.rollout.agent import ProgramFacade  # the serve extra: fastapi, uvicorn, openai
+
+        await self._end_facade()
+        self._facade = ProgramFacade(self)
+        return await self._facade.start(task)
 
     async def astep(self, action: str) -> StepResult:
-        return await self.areset({})  # type: ignore[return-value]
+        """Answer the program's pending request with `action`: the next request's new messages, or
+        the end of the episode with the program's reward."""
+        if self._facade is None:
+            raise EpisodeOverError(f"{type(self).__name__}: call reset() before step()")
+        return await self._facade.step(action)
+
+    async def _end_facade(self) -> None:
+        facade, self._facade = self._facade, None
+        if facade is not None:
+            await facade.close()
+
+class EnvAgent(AgentEnv):
+    """An agentrl `Env` played as an agent program: the program resets the env, sends its
+    conversation to the model through the client, steps the env with each reply and returns the
+    outcome reward. The same workload as the env itself through the rollout engine, which is what
+    the endpoint's token-exactness test and bench/rollout.py's agent arm compare.
+
+        EnvAgent(env_factory=lambda: make("code"))
+    """
+
+    def __init__(self, env_factory: Any = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not callable(env_factory):
+            raise TypeError(f"EnvAgent needs env_factory, a callable that builds an Env; got {_short(env_factory)}")
+        self.env_factory = env_factory
+        self.requests: list[list[Message]] = []  # the conversation sent with each request
+
+    def tasks(self, split: str = "train") -> Any:
+        return self.env_factory().tasks(split)
+
+    async def run(self, task: Task, client: Any) -> float:
+        env = self.env_factory()
+        try:
+            messages = list(await env.areset(task))
+            while True:
+                self.requests.append(list(messages))
+                reply = await client.chat.completions.create(model="policy", messages=messages)
+                text = reply.choices[0].message.content or ""
+                result = await env.astep(text)
+                messages += [Message(role="assistant", content=text), *result.observation]
+                if result.terminated or result.truncated:
+                    return float(result.info.get("outcome_reward", 0.0))
+        finally:
+            await env.aclose()

@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test")
     p.add_argument("overrides", nargs="*", metavar="key.path=value")
 
+    p = sub.add_parser("serve", help="serve a model or a run's checkpoint as an OpenAI-compatible endpoint "
+                                     "on 127.0.0.1 (no training)")
+    p.add_argument("target", metavar="RUN_DIR_OR_MODEL", help="a run directory (its latest checkpoint) or a model")
+    p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free port)")
+    p.add_argument("--config", default=None)
+    p.add_argument("overrides", nargs="*", metavar="key.path=value")
+
     sub.add_parser("envs", help="list registered environments")
 
     p = sub.add_parser("env", help="environment tools")
@@ -128,6 +135,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                      split=args.split, overrides=args.overrides)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentrl.serve import main as serve_main
+
+    return serve_main(args.target, port=args.port, config_file=args.config, overrides=args.overrides)
+
+
 def _cmd_envs(_: argparse.Namespace) -> int:
     import agentrl
 
@@ -180,8 +193,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "eval": _cmd_eval, "envs": _cmd_envs, "env": _cmd_env,
-            "sandbox": _cmd_sandbox, "swe": _cmd_swe, "report": _cmd_report}
+COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "eval": _cmd_eval, "serve": _cmd_serve, "envs": _cmd_envs,
+            "env": _cmd_env, "sandbox": _cmd_sandbox, "swe": _cmd_swe, "report": _cmd_report}
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -326,6 +326,23 @@ def _resolve(model: str | None, env: str, config_file: str | None, overrides: li
     return cfg, ckpt
 
 
+async def load_checkpoint(engine: Any, cfg: Config, checkpoint: Path) -> None:
+    """A run checkpoint's policy weights into `engine` (a LoRA adapter merged into its base first);
+    `agentrl eval` and `agentrl serve` of a run directory."""
+    import torch  # heavy lazy load: only to read a checkpoint
+
+    from agentrl.models import resolve_configured
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
+    weights = state["model"]
+    if any(".lora_" in k for k in weights):  # a LoRA run checkpoints the adapter only
+        from agentrl.trainer.learner import merged_lora_weights  # heavy lazy load: torch, peft
+
+        weights = await asyncio.to_thread(merged_lora_weights, resolve_configured(cfg.model), cfg.trainer.lora,
+                                          weights)
+    await engine.load_weights(weights, int(state["version"]))
+
+
 async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | None = None
                    ) -> tuple[list[Trajectory], dict[str, str] | None]:
     """`agentrl eval`: the first `n` tasks of `split` (cycled; the train split when it has none),
@@ -339,16 +356,7 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
 
     engine = make_engine(cfg)
     if checkpoint is not None:
-        import torch
-
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
-        weights = state["model"]
-        if any(".lora_" in k for k in weights):  # a LoRA run checkpoints the adapter only
-            from agentrl.trainer.learner import merged_lora_weights
-
-            weights = await asyncio.to_thread(merged_lora_weights, resolve_configured(cfg.model), cfg.trainer.lora,
-                                              weights)
-        await engine.load_weights(weights, int(state["version"]))
+        await load_checkpoint(engine, cfg, checkpoint)
     tokenizer = use_chat_template(load_tokenizer(resolve_configured(cfg.model)), cfg.model)
     pool = make_pool(cfg.sandbox, name=f"{cfg.env.name}-eval")
     await pool.start()

@@ -493,6 +493,7 @@ async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
             release = getattr(engine, "release_weights", None)
             if release is not None:
                 await release()
+        "mode": traj.mode,  # append: one token sequence; stepwise: the template rewrote history, a row per request
             shared = True
     if shared:
         trim_heap()  # the engines' own weights were just freed

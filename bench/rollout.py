@@ -14,7 +14,10 @@ seeded RNG.
   longest trajectory.
 
 Prints one JSON line: async_trajs_per_s, sync_trajs_per_s, async_over_sync,
-tokens_per_s_over_hf = policy tokens/s of the default hf engine (prefix reuse) over the same
+agent_tokens_per_s_over_native = policy tokens/s of the same workload run as an `AgentEnv`
+(`EnvAgent(SleepToolEnv)`: a program that sends the env's conversation to the policy endpoint over
+HTTP with the openai SDK, agentrl/endpoint/) over the native env path (async mode, same engine,
+same run), tokens_per_s_over_hf = policy tokens/s of the default hf engine (prefix reuse) over the same
 engine with prefix reuse off (today's path before it; async mode, same workload, same run),
 optionally tokens_per_s_over_vllm (--vllm), the prefill/prefix-hit token counts, the load
 average at start and end, and engine_overhead_frac = Σ(total − generate − env) / Σ total over the
@@ -38,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agentrl.agent_env import EnvAgent
 from agentrl.env import Env
 from agentrl.inference.base import SamplingParams
 from agentrl.rollout import RolloutEngine
@@ -125,9 +129,10 @@ class TurnSyncEnv(SleepToolEnv):
         return result
 
 
-async def run_async(rollout: RolloutEngine, tasks: list[Task]) -> tuple[float, list[Trajectory]]:
+async def run_async(rollout: RolloutEngine, tasks: list[Task], env_factory: Any = SleepToolEnv
+                    ) -> tuple[float, list[Trajectory]]:
     start = time.perf_counter()
-    trajs = [t async for t in rollout.stream(SleepToolEnv, tasks, 1)]
+    trajs = [t async for t in rollout.stream(env_factory, tasks, 1)]
     return time.perf_counter() - start, trajs
 
 
@@ -193,7 +198,7 @@ async def measure(kinds: list[str], args: argparse.Namespace, tasks: list[Task],
         for kind, engine in engines.items():
             await engine.generate(_rollout(engine, tokenizer, sampling, args).chat.prompt(
                 [{"role": "user", "content": "warm up"}]), sampling)
-            modes = ("async", "sync") if kind == "hf" else ("async",)
+            modes = ("async", "sync", "agent") if kind == "hf" else ("async",)
             stats[kind] = {mode: {"wall_s": 0.0, "trajs": [], **dict.fromkeys(KEYS, 0.0)} for mode in modes}
         for r in range(args.rounds):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
@@ -224,6 +229,8 @@ async def _run_mode(kind: str, engine: Any, mode: str, st: dict[str, Any], args:
     rollout = _rollout(engine, tokenizer, sampling, args)
     if mode == "async":
         wall, trajs = await run_async(rollout, tasks)
+    elif mode == "agent":  # the same workload as an agent program, through the policy endpoint
+        wall, trajs = await run_async(rollout, tasks, lambda: EnvAgent(SleepToolEnv))
     else:
         wall, trajs = await run_sync(rollout, tasks, args.concurrency)
     bad = [t for t in trajs if t.status.value != "finished"]
@@ -257,6 +264,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "async_trajs_per_s": round(len(a["trajs"]) / a["wall_s"], 4),
         "sync_trajs_per_s": round(len(s["trajs"]) / s["wall_s"], 4),
         "async_over_sync": round(s["wall_s"] / a["wall_s"], 3),
+        # the same workload as an AgentEnv whose program calls the model over HTTP (agentrl/endpoint/)
+        "agent_tokens_per_s_over_native": round(tokens_per_s(runs["hf"]["agent"]) / tokens_per_s(a), 3),
         "tokens_per_s": round(tokens_per_s(a), 2),
         "engine_overhead_frac": round(overhead_frac(a["trajs"]), 4),
         "mean_turns": round(statistics.mean(t["turns"] for t in tasks), 2),
@@ -313,8 +322,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "as trainer.dtype/engine.dtype default); hf-transformers stays fp32")
     p.add_argument("--speculative-tokens", type=int, default=4,
                    help="hf's prompt-lookup drafts per decode step (engine.speculative_tokens; 0 = off)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, each running every engine (hf: async and "
-                   "sync) in an order that reverses each round; "
+    p.add_argument("--rounds", type=int, default=None, help="rounds, each running every engine (hf: async, "
+                   "sync and agent) in an order that reverses each round; "
                    "default 1 (quick) / 2")
     p.add_argument("--engines", default="hf,hf-nocache",
                    help="comma list, in run order, of hf (prefix reuse and speculation; async and sync), "

@@ -81,3 +81,4 @@ def test_rollout_bench_runs_every_engine_in_every_round() -> None:
     assert line["schedule"] == "engines interleaved per round" and line["rounds"] == 2
     assert line["tokens_per_s_over_hf_transformers"] > 0 and line["async_over_sync"] > 0
     assert line["machine"]["cpu"]["model"] and len(line["machine"]["load_avg"]) == 3
+    assert line["agent_tokens_per_s_over_native"] > 0  # the same workload as an AgentEnv through the endpoint

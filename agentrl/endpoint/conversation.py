@@ -121,6 +121,7 @@ class Conversation:
         self.native_tools = "tools" in str(getattr(chat.tokenizer, "chat_template", "") or "")
         self._returned: dict[str, str] = {}  # assistant message key → the exact text the policy sampled
         self._history: list[tuple[list[Message], dict[str, Any], Sample]] = []  # (context, template kwargs, sample)
+        self.opening: int | None = None  # the first prompt's closed part (Sample.prompt_len)
 
     @property
     def last_context(self) -> list[Message]:
@@ -176,7 +177,9 @@ class Conversation:
                 break
         if not self._history:  # the first request: laid out as the rollout engine opens a context
             try:
-                return chat.prompt(context) + chat.generation_prompt(context)
+                closed = chat.prompt(context)
+                self.opening = len(closed)
+                return closed + chat.generation_prompt(context)
             except ChatTemplateError:
                 pass
         # The template's whole rendering (a step-wise row's prompt, as the rollout engine makes it).

@@ -49,6 +49,7 @@ from agentrl.parsing import get_parser
 from agentrl.rollout.engine import step_seed
 from agentrl.rollout.stepwise import Sample
 from agentrl.rollout.tokens import ChatTokens
+from agentrl.types import Message
 
 HOST = "127.0.0.1"  # loopback only: the endpoint serves this machine's agent programs
 
@@ -66,6 +67,7 @@ class Episode:
     samples: list[Sample] = field(default_factory=list)
     requests: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # why requests were refused → how many
+    context: list[Message] = field(default_factory=list)  # the latest request's messages, as rendered
     closed: bool = False
     _open: set[asyncio.Task[Any]] = field(default_factory=set)
     _registry: dict[str, Episode] | None = None
@@ -229,9 +231,10 @@ class PolicyEndpoint:
             if episode is not None:
                 episode._open.difference_update(runs)
         wall = time.perf_counter() - t0
+        opening = episode.conversation.opening if episode is not None and not episode.samples else None
         samples = [Sample(list(prompt_ids), list(o.token_ids), list(o.logprobs), o.version,
                           text=self.chat.action_text(o.token_ids), finish_reason=o.finish_reason,
-                          generate_seconds=wall / len(outs)) for o in outs]
+                          generate_seconds=wall / len(outs), prompt_len=opening) for o in outs]
         if any(o.finish_reason == "abort" for o in outs):
             raise RequestError("the inference engine aborted the generation", code="aborted", status=503,
                                kind="server_error")
@@ -255,6 +258,8 @@ class PolicyEndpoint:
         context = conversation.messages(body.get("messages"), tools)
         kwargs = conversation.template_kwargs(tools)
         prompt_ids = conversation.prompt_ids(context, kwargs)
+        if episode is not None:
+            episode.context = context
         samples = await self._sample(episode, prompt_ids, asked)
         self._keep(episode, samples)
         completions = [conversation.record(context, kwargs, s, parse_tools=bool(tools) and choice != "none")
@@ -279,6 +284,8 @@ class PolicyEndpoint:
         else:
             raise RequestError("'prompt' must be a non-empty string or a list of token ids (one prompt)",
                                param="prompt")
+        if episode is not None:
+            episode.context = [Message(role="user", content=self.chat.decode(prompt_ids))]
         samples = await self._sample(episode, prompt_ids, asked)
         self._keep(episode, samples)
         choices = []

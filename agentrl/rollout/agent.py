@@ -21,15 +21,18 @@ How an episode ends:
 from __future__ import annotations
 
 import asyncio
+import functools
 import traceback
 from typing import Any
 
 import openai
 
 from agentrl.endpoint import Episode, PolicyEndpoint
+from agentrl.env import EnvError, EpisodeOverError
+from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.rollout.engine import RolloutState, _End
 from agentrl.rollout.stepwise import Sample, segments_from_samples
-from agentrl.types import Status
+from agentrl.types import Message, Status, StepResult, Task
 
 REFUSALS = {"context_length_exceeded": "context", "request_budget_exhausted": "requests"}
 
@@ -82,7 +85,7 @@ class AgentRunner:
             await env.open(traj.task)
             try:
                 result = await env.run(traj.task, client)
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # SystemExit too: a library's exit() ends one episode
                 self._build(state, episode)
                 if episode.samples and (refused := _refusal(episode)):
                     raise _End(Status.TRUNCATED, refused) from e
@@ -127,3 +130,112 @@ class AgentRunner:
 def _refusal(episode: Episode) -> str | None:
     """Why the endpoint refused one of the episode's requests, as a truncation reason."""
     return next((REFUSALS[code] for code in episode.refused if code in REFUSALS), None)
+
+
+@functools.cache
+def _facade_tokenizer() -> Any:
+    """Any chat tokenizer renders the facade's requests; the embedded model's ships with agentrl."""
+    from agentrl.models import load_tokenizer, resolve_model  # heavy lazy load: transformers
+
+    return load_tokenizer(resolve_model("smollm2-135m"))
+
+
+class _ScriptedPolicy:
+    """An inference engine whose completions are the texts the Gymnasium facade's `step` is given."""
+
+    version = 0
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset({tokenizer.eos_token_id})
+        self.asks: asyncio.Queue[asyncio.Future[str]] = asyncio.Queue()
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        await self.asks.put(answer)
+        ids = [*self.tokenizer.encode(await answer, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return GenerateOutput(ids, [0.0] * len(ids), "stop", self.version)
+
+    async def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        raise NotImplementedError("the facade's policy is the caller of step()")
+
+    async def close(self) -> None:
+        pass
+
+
+class ProgramFacade:
+    """An AgentEnv's Gymnasium facade (`reset`/`step`): the caller plays the policy. `start`
+    runs the program until its first model request and returns that request's messages; each
+    `step(text)` answers the pending request with `text` and returns the messages the next
+    request adds, or ends the episode (terminated, the program's reward) when the program returns.
+    So `agentrl env check` and any Gymnasium loop exercise the real program, tools and reward."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.task: Task | None = None
+        self.program: asyncio.Future[Any] | None = None
+        self.answer: asyncio.Future[str] | None = None
+        self.shown: list[Message] = []
+        self.endpoint: PolicyEndpoint | None = None
+        self.client: Any = None
+
+    async def start(self, task: Task) -> list[Message]:
+        tokenizer = await asyncio.to_thread(_facade_tokenizer)  # loading it must not stall the loop
+        self.policy = _ScriptedPolicy(tokenizer)
+        self.endpoint = PolicyEndpoint(self.policy, tokenizer, max_context_tokens=1 << 30)  # type: ignore[arg-type]
+        await self.endpoint.start()
+        self.episode = self.endpoint.open_episode(parser=self.env.parser, max_requests=self.env.max_requests)
+        self.client = openai.AsyncOpenAI(base_url=self.episode.base_url, api_key=self.episode.key, max_retries=0)
+        self.task = task
+        await self.env.open(task)
+        self.program = asyncio.ensure_future(self.env.run(task, self.client))
+        observation = await self._next()
+        if observation is None:
+            self._program_result()
+            raise EnvError(f"{type(self.env).__name__}.run returned without calling the model")
+        return observation
+
+    async def _next(self) -> list[Message] | None:
+        """The messages the program's next request adds, or None when the program returned."""
+        assert self.program is not None
+        ask = asyncio.ensure_future(self.policy.asks.get())
+        await asyncio.wait({ask, self.program}, return_when=asyncio.FIRST_COMPLETED)
+        if not ask.done():
+            ask.cancel()
+            return None
+        self.answer = ask.result()
+        context = [Message(role=m["role"], content=m["content"]) for m in self.episode.context]
+        new = context[len(self.shown):] if context[: len(self.shown)] == self.shown else context
+        self.shown = context
+        return new
+
+    def _program_result(self) -> Any:
+        assert self.program is not None
+        try:
+            return self.program.result()
+        except Exception as e:
+            raise EnvError(f"{type(self.env).__name__}.run raised {type(e).__name__}: {e}") from e
+
+    async def step(self, action: str) -> StepResult:
+        if self.answer is None:
+            raise EpisodeOverError(f"{type(self.env).__name__}: the episode is over; call reset() to start a new one")
+        self.shown.append(Message(role="assistant", content=action))
+        self.answer.set_result(action)
+        self.answer = None
+        observation = await self._next()
+        if observation is not None:
+            return StepResult(observation, 0.0, info={"step_rewards": {}})
+        assert self.task is not None
+        reward, components = await self.env.score(self.task, self._program_result())
+        return StepResult([Message(role="user", content=f"The agent program returned (reward {reward:g}).")],
+                          0.0, terminated=True, info={"step_rewards": {}, "outcome_reward": reward,
+                                                      "reward_components": components})
+
+    async def close(self) -> None:
+        if self.program is not None and not self.program.done():
+            self.program.cancel()
+            await asyncio.gather(self.program, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+        if self.endpoint is not None:
+            await self.endpoint.stop()
