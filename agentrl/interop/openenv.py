@@ -43,6 +43,7 @@ import httpx
 from agentrl.config import ConfigError
 from agentrl.env import EnvError, ToolEnv, load_entry_point
 from agentrl.errors import UserError
+from agentrl.interop.rows import held_out, read_rows
 from agentrl.tools.core import Tool, ToolResult
 from agentrl.tools.jsonschema_tool import schema_tool
 from agentrl.types import StepResult, Task
@@ -503,24 +504,15 @@ def _render(observation: Any) -> str:
 def _file_tasks(path: str, split: str) -> list[Task]:
     """Rows of a JSONL task file: {"id", "reset": {...}, "prompt"?, "split"?}. Without any "split"
     field, every fifth row (index 4, 9, ...) is the test split."""
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"env.kwargs.tasks: no such file: {path}")
     rows: list[Task] = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"env.kwargs.tasks: {path}:{n} is not JSON ({e})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("reset", {}), dict):
-            raise ConfigError(f"env.kwargs.tasks: {path}:{n} must be an object with an optional "
-                              '"reset" object of reset kwargs, e.g. {"id": "a", "reset": {"seed": 1}}')
-        rows.append({"id": str(row.get("id", f"row-{n}")), **{k: v for k, v in row.items() if k != "id"}})
+    for n, row in enumerate(read_rows(path, option="env.kwargs.tasks", scheme="openenv"), 1):
+        if not isinstance(row.get("reset", {}), dict):
+            raise ConfigError(f"openenv: env.kwargs.tasks: row {n} of {path}: \"reset\" must be an object of "
+                              'reset kwargs, e.g. {"id": "a", "reset": {"seed": 1}}')
+        rows.append({**row, "id": str(row.get("id", f"row-{n}"))})
     if any("split" in r for r in rows):
         return [r for r in rows if r.get("split", "train") == split]
-    return [r for i, r in enumerate(rows) if (i % 5 == 4) == (split == "test")]
+    return [r for i, r in enumerate(rows) if held_out(i) == (split == "test")]
 
 
 __all__ = ["OpenEnvEnv", "Target", "parse_spec"]
