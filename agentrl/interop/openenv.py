@@ -192,12 +192,20 @@ def _remote_tools(url: str) -> tuple[tuple[ToolSpec, ...], bool]:
     return _mcp_specs(reply["result"]["tools"]), True
 
 
+def _is_mcp_class(env_cls: type) -> bool:
+    try:  # MCPEnvironment needs fastmcp, which an OpenEnv install may lack
+        from openenv.core.env_server.mcp_environment import MCPEnvironment
+    except ImportError:
+        return False
+    return issubclass(env_cls, MCPEnvironment)
+
+
 @functools.lru_cache(maxsize=32)
 def _class_tools(env_cls: type) -> tuple[tuple[ToolSpec, ...], bool]:
-    action_cls = _action_class(env_cls)
-    schema = action_cls.model_json_schema()
-    if not _is_mcp(schema):
-        return (_step_spec(schema),), False
+    if not _is_mcp_class(env_cls):  # an MCP env's step takes any Action: its tools are listed below
+        schema = _action_class(env_cls).model_json_schema()
+        if not _is_mcp(schema):
+            return (_step_spec(schema),), False
     from openenv.core.env_server.mcp_types import ListToolsAction
 
     env = env_cls()

@@ -41,9 +41,9 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    """The fixture env served as OpenEnv serves any env: uvicorn on 127.0.0.1."""
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "openenv_guess:app", "--host", "127.0.0.1",
+def start_server(port: int, app: str = "openenv_guess:app") -> subprocess.Popen[bytes]:
+    """A fixture env served as OpenEnv serves any env: uvicorn on 127.0.0.1."""
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
                              "--port", str(port), "--log-level", "warning"], cwd=FIXTURES,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -121,6 +121,27 @@ def test_gymnasium_make_builds_it_by_name() -> None:
         assert isinstance(terminated, bool) and not truncated
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("form", ["url", "class"])
+def test_an_mcp_env_gives_one_tool_per_mcp_tool(form: str) -> None:
+    port = _free_port()
+    proc = start_server(port, "openenv_mcp:app") if form == "url" else None
+    spec = f"openenv:http://127.0.0.1:{port}" if form == "url" else f"openenv:{FIXTURES / 'openenv_mcp.py'}:AdderEnvironment"
+    env = agentrl.make(spec)
+    try:
+        assert env.is_mcp and [t.name for t in env.tools] == ["add"]
+        assert env.tools[0].parameters["required"] == ["a", "b"]
+        env.reset(options={"task": env.tasks()[0]})
+        observation, *_ = env.step(env.tool_parser.format_call(ToolCall("add", {"a": 2, "b": 3})))
+        assert observation[0]["content"] == "5"  # through step(CallToolAction) on the env
+        observation, *_ = env.step(env.tool_parser.format_call(ToolCall("add", {"a": 2})))
+        assert "'b' is a required property" in observation[0]["content"]
+    finally:
+        env.close()
+        if proc is not None:
+            stop_server(proc)
+            assert not _listening(port)
 
 
 def test_a_task_file_gives_reset_kwargs_prompts_and_splits(tmp_path: Path, server_url: str) -> None:
