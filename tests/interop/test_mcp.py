@@ -142,6 +142,7 @@ def test_env_mcp_servers_in_config_add_the_tools_to_a_tool_env(pid_file: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 def test_env_check_and_train_through_the_cli_leave_no_server(tmp_path: Path, pid_file: Path) -> None:
     out = run_cli("env", "check", ENV_SPEC, env={**os.environ})
     assert out.returncode == 0, out.stdout + out.stderr

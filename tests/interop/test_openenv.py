@@ -175,6 +175,7 @@ def _train(spec: str, tmp_path: Path, name: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 def test_url_form_env_check_and_train_through_the_cli(tmp_path: Path, server_url: str) -> None:
     out = run_cli("env", "check", f"openenv:{server_url}", "train_tasks=4", "test_tasks=2")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -183,6 +184,7 @@ def test_url_form_env_check_and_train_through_the_cli(tmp_path: Path, server_url
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 def test_class_form_env_check_and_train_through_the_cli(tmp_path: Path) -> None:
     out = run_cli("env", "check", CLASS_SPEC, "train_tasks=4", "test_tasks=2")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -207,6 +209,7 @@ def _ours(client: object) -> tuple[list[object], list[object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 def test_image_form_on_docker_trains_on_an_internal_network_and_leaves_nothing(tmp_path: Path) -> None:
     require_docker()
     import docker
