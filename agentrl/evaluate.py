@@ -111,6 +111,23 @@ def gain_line(gain: dict[str, Any]) -> str:
             f"{gain['lost']} lost, n={tasks_label(gain['n'], gain.get('samples', 1))})")
 
 
+_STAGE_NAMES = {"base": "the base model", "warm_start": "after the warm start", "final": "the end"}
+
+
+def verdict_line(records: list[dict[str, Any]]) -> str | None:
+    """The run's last word: whether held-out success rose from the first evaluation (the base
+    model's, else the one after the warm start) to the final one, and by how much; None without both."""
+    by_phase = {r["phase"]: r for r in records}
+    first, last = by_phase.get("base") or by_phase.get("warm_start"), by_phase.get("final")
+    if first is None or last is None:
+        return None
+    change = last["heldout_success"] - first["heldout_success"]
+    word = f"rose by {change:.3f}" if change > 0 else f"fell by {-change:.3f}" if change < 0 else "did not rise"
+    return (f"held-out success {word}: {first['heldout_success']:.3f} ({_STAGE_NAMES[first['phase']]}) → "
+            f"{last['heldout_success']:.3f} (the end), "
+            f"n={tasks_label(last['heldout_n'], last.get('heldout_samples', 1))} held-out tasks")
+
+
 def tasks_label(n: int, samples: int) -> str:
     """'32', or '32×4' for 32 tasks of 4 sampled episodes each."""
     return f"{n}×{samples}" if samples > 1 else str(n)

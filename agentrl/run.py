@@ -466,6 +466,8 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
 
     report = write_report(run_dir)
     print(f"[agentrl] run directory: {run_dir}  report: {report / 'index.html'}")
+    if not interrupted and (verdict := summary.get("heldout_verdict")):
+        print(f"[agentrl] {verdict}", flush=True)  # the last line: did held-out success rise, and by how much
     return 130 if interrupted else 0
 
 

@@ -182,7 +182,7 @@ class Stages:
             await self.evaluate("final", step_done)
         out: dict[str, Any] = {}
         if self.evaluator is not None:
-            from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span
+            from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span, verdict_line
 
             out["heldout"] = self.evaluator.records
             by_phase = {r["phase"]: r for r in self.evaluator.records}
@@ -195,6 +195,7 @@ class Stages:
                 f"{p} {r['heldout_success']:.3f} [{r['heldout_ci_low']:.3f}, {r['heldout_ci_high']:.3f}]"
                 for p, r in by_phase.items() if p != "step"))
             out["heldout_task_ids"] = sorted(self.evaluator.task_ids)
+            out["heldout_verdict"] = verdict_line(self.evaluator.records)  # the run's last line (run.py)
             gain = rl_gain(self.evaluator.records)
             if gain is not None:
                 out["heldout_gain"] = gain
