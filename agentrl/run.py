@@ -495,7 +495,6 @@ async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
             release = getattr(engine, "release_weights", None)
             if release is not None:
                 await release()
-        "mode": traj.mode,  # append: one token sequence; stepwise: the template rewrote history, a row per request
             shared = True
     if shared:
         trim_heap()  # the engines' own weights were just freed
@@ -596,5 +595,6 @@ def readable_trajectory(traj: Trajectory, step: int) -> str:
         "reward_components": traj.reward_components, "step_rewards": traj.step_rewards,
         "turns": traj.num_turns, "policy_tokens": traj.num_policy_tokens, "version": traj.version,
         "staleness": traj.staleness, "error": traj.error, "messages": traj.messages,
+        "mode": traj.mode,  # append: one token sequence; stepwise: the template rewrote history, a row per request
         **({"demonstration": True} if traj.demonstrated else {}),  # an expert's, added by trainer.demo_guidance
     }, ensure_ascii=False)
