@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("swe", help="SWE task tools")
     swe_sub = p.add_subparsers(dest="swe_command", metavar="SWE_COMMAND")
-    # `swe synth|validate|build|stats ...` hand their own arguments to agentrl.envs.swe.synth (see main()).
+    # `swe synth|validate|build|stats ...` hand their own arguments to agentrl.envs.swe.cli (see main()).
     swe_sub.add_parser("synth", help="synthesise SWE tasks from a real package by bug injection "
                                      "(--package NAME==VERSION [--max-tasks N] [--out FILE] [--validate])")
     swe_sub.add_parser("validate", help="check that every task's gold patch scores 1 and the empty patch 0")
@@ -199,7 +199,7 @@ COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "eval": _cmd_eval, "serve": _c
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"], ["build"], ["stats"]):
-        from agentrl.envs.swe.synth import main as synth_main
+        from agentrl.envs.swe.cli import main as synth_main
 
         return synth_main(argv[1:])
     parser = build_parser()
