@@ -265,7 +265,8 @@ async def soak(backend: str, concurrency: int, episodes: int, fault_rate: float,
     outcomes: list[Outcome] = faulty["outcomes"]
     reasons = Counter(o.reason for o in outcomes)
     errors = {k: v for k, v in sorted(reasons.items()) if k != "ok"}
-    mismatches = [f"{o.injected}: {o.mismatch}" for o in outcomes + clean["outcomes"] if o.mismatch]
+    mismatched = [o for o in outcomes + clean["outcomes"] if o.mismatch]
+    examples = {(o.injected, o.reason): f"{o.injected}: {o.mismatch}" for o in reversed(mismatched)}  # one a kind
     leftovers = await asyncio.to_thread(census.leftovers)
     base_rate, fault_rate_healthy = healthy_rate(clean["outcomes"]), healthy_rate(outcomes)
     return {
@@ -273,7 +274,7 @@ async def soak(backend: str, concurrency: int, episodes: int, fault_rate: float,
         "fault_rate": fault_rate, "episodes_ok": reasons.get("ok", 0), "errors_by_reason": errors,
         "episodes_lost": episodes - sum(reasons.values()),
         "faults_injected": dict(sorted(Counter(o.injected for o in outcomes if o.injected).items())),
-        "fault_mismatches": len(mismatches), "fault_mismatch_examples": mismatches[:3],
+        "fault_mismatches": len(mismatched), "fault_mismatch_examples": list(examples.values())[:6],
         "leaked": leftovers, "leaked_total": sum(leftovers.values()),
         "host_rss_mb_delta": round(process_tree_rss_mb() - rss0, 1),
         "host_disk_mb_delta": round(shutil.disk_usage(root).used / 2**20 - disk0, 1),

@@ -19,11 +19,12 @@ own). The agent makes itself non-dumpable (prctl PR_SET_DUMPABLE 0): sandboxed c
 same uid then cannot open /proc/<agent>/fd, read its memory or ptrace it, so it can neither read
 nor write the channel.
 
-`fault` names a sandbox limit the command ran into (`classify`): the memory cgroup's OOM kills and
-hits of its limit and the pids cgroup's refused forks where the sandbox has cgroup files of its
-own (Docker), the process count against `pids` (sampled while it runs, in a pid namespace of its
-own), a `watch` dir left with no free block, and the errors programs print when the kernel
-refuses memory, a fork or a write (bubblewrap has no cgroup of its own, so these are what it has).
+`fault` names a sandbox limit the command ran into (`classify`): the memory cgroup's OOM kills,
+hits of its limit and use at its limit when the command timed out, and the pids cgroup's refused
+forks where the sandbox has cgroup files of its own (Docker); the process count against `pids`
+(sampled while it runs, in a pid namespace of its own); a `watch` dir left with no free block;
+and the errors programs print when the kernel refuses memory, a fork or a write (bubblewrap has
+no cgroup of its own, so these are what it has).
 
 An exec ends when its command exits, or at its timeout, when its process group is killed; what it
 left in the background keeps running until `reset` but does not hold the exec open (unless it hit
@@ -63,6 +64,9 @@ OOM_COUNTER = (("/sys/fs/cgroup/memory.events", "oom_kill"),
                ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"))
 MEM_MAX_COUNTER = (("/sys/fs/cgroup/memory.events", "max"), ("/sys/fs/cgroup/memory/memory.failcnt", None))
 PIDS_COUNTER = (("/sys/fs/cgroup/pids.events", "max"), ("/sys/fs/cgroup/pids/pids.events", "max"))
+MEM_USAGE = (("/sys/fs/cgroup/memory.current", None), ("/sys/fs/cgroup/memory/memory.usage_in_bytes", None))
+MEM_LIMIT = (("/sys/fs/cgroup/memory.max", None), ("/sys/fs/cgroup/memory/memory.limit_in_bytes", None))
+AT_LIMIT = 0.95  # memory use at this share of the cgroup's limit when a command times out: it was thrashing
 # what programs print when the kernel refuses them (lower case; matched against stderr)
 OOM_TEXT = (b"memoryerror", b"cannot allocate memory", b"std::bad_alloc", b"out of memory")
 PIDS_TEXT = (b"fork: retry", b"fork: resource temporarily unavailable", b"cannot fork",
@@ -107,6 +111,13 @@ def counter(spec: tuple) -> int:
                 if name == field:
                     return int(value)
     return 0
+
+
+def memory_at_limit() -> bool:
+    """Whether the memory cgroup (docker) is at its limit now: a program there may thrash (the
+    kernel evicting its code pages) instead of being OOM-killed, until its timeout."""
+    limit = counter(MEM_LIMIT)
+    return limit > 0 and counter(MEM_USAGE) >= AT_LIMIT * limit
 
 
 def tasks_in_use() -> int:
@@ -187,7 +198,7 @@ def run(req: dict) -> dict:
         sel.register(stream, selectors.EVENT_READ)
     deadline = time.monotonic() + float(req.get("timeout", 10.0))
     timed_out, exited_at = False, None
-    pids_peaked, next_sample = False, 0.0
+    pids_peaked, next_sample, thrashing = False, 0.0, False
     while sel.get_map():
         now = time.monotonic()
         if pids and not pids_peaked and now >= next_sample:
@@ -199,6 +210,7 @@ def run(req: dict) -> dict:
             break  # only background processes still hold the pipes
         if exited_at is None and now >= deadline:
             timed_out = True
+            thrashing = memory_at_limit()  # before the kill frees it
             kill_group(proc.pid)
             exited_at = now
         for key, _ in sel.select(timeout=0.02):
@@ -222,7 +234,7 @@ def run(req: dict) -> dict:
     err = bytes(kept[proc.stderr])
     full_after = full(watch)
     fault = classify(err, exit_code, timed_out, counter(OOM_COUNTER) - oom_before,
-                     counter(MEM_MAX_COUNTER) - mem_max_before, counter(PIDS_COUNTER) - pids_before,
+                     counter(MEM_MAX_COUNTER) - mem_max_before + thrashing, counter(PIDS_COUNTER) - pids_before,
                      pids_peaked, full_after and not full_before, full_after)
     if fault == "pids":  # what it left behind holds the whole process budget (a fork bomb): end it now
         end_group(proc.pid)

@@ -32,6 +32,7 @@ LABEL_CREATED = "agentrl.created"
 LABEL_SANDBOX = "agentrl.sandbox"  # marks every container we start, whatever its run
 DEFAULT_IMAGE = "agentrl-base:bookworm"
 START_TIMEOUT_S = 60.0
+REMOVE_RETRY_S = (0.5, 2.0, 5.0, None)  # waits between attempts to remove a container (None: the last)
 
 _LIVE: dict[str, Any] = {}  # containers started by this process and not yet removed
 
@@ -120,9 +121,18 @@ class DockerSandbox(AgentSandbox):
         container, self._container = self._container, None
         if container is None:
             return
+        for delay in REMOVE_RETRY_S:  # a loaded engine may refuse at first (e.g. removal already in progress)
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                break
+            except docker.errors.APIError:
+                if delay is None:  # still there: the exit hook and `agentrl sandbox prune` will try again
+                    raise
+                time.sleep(delay)
+                continue
+            break
         _LIVE.pop(container.id, None)
-        with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True, v=True)
 
     def _run_container(self) -> Any:
         import docker
