@@ -16,15 +16,21 @@ read by `trajectories_from_jsonl`, filtered by reward (rejection-sampling fine-t
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import ConfigError
+from agentrl.config import Config, ConfigError
+from agentrl.env import call_demonstrate, env_class_demonstrates, has_demonstrations
 from agentrl.inference.base import GenerateOutput, SamplingParams
+from agentrl.metrics import is_success
+from agentrl.rollout.engine import RolloutEngine
+from agentrl.rollout.tokens import ChatTokens, verify_append_only
 from agentrl.types import Message, Segment, Status, Task, Trajectory, Turn
+
+log = logging.getLogger(__name__)
 
 
 class DemonstrationError(ConfigError):
@@ -63,12 +69,7 @@ class TeacherEngine:
 async def demonstration_actions(env: Any, task: Task, seed: int = 0) -> list[str]:
     """`env.demonstrate(task)`, passing `seed=` when the env's method takes it (built-ins vary
     their path with it; a user's `demonstrate(task)` need not)."""
-    method = env.demonstrate
-    try:
-        takes_seed = "seed" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        takes_seed = False
-    actions = await (method(task, seed=seed) if takes_seed else method(task))
+    actions = await call_demonstrate(env, task, seed)
     if not isinstance(actions, list) or not actions or not all(isinstance(a, str) for a in actions):
         raise DemonstrationError(f"{type(env).__name__}.demonstrate must return a non-empty list of action "
                                  f"strings, got {actions!r:.120}")
@@ -82,8 +83,6 @@ async def play_demonstration(env_factory: Callable[[], Any], task: Task, tokeniz
     """Play one demonstration of `task` (variant `seed`) through a fresh env; returns the
     Trajectory whatever its ending (its status and reward tell whether the demonstration works).
     `version`: the weight version its tokens are labelled with (a guided RL group's own)."""
-    from agentrl.rollout.engine import RolloutEngine
-
     env = env_factory()
     try:
         actions = await demonstration_actions(env, task, seed)
@@ -108,8 +107,6 @@ async def play_demonstration(env_factory: Callable[[], Any], task: Task, tokeniz
 
 def demonstration_problem(traj: Trajectory) -> str | None:
     """Why a played demonstration is not an expert one (None: it reached the best reward)."""
-    from agentrl.run import is_success
-
     if traj.status is not Status.FINISHED:
         return f"ended {traj.status.value}{': ' + traj.error if traj.error else ''}"
     if not is_success(traj):
@@ -124,9 +121,6 @@ async def collect_demonstrations(env_factory: Callable[[], Any], tasks: Sequence
     """Play `per_task` demonstrations (seeds 0..per_task-1) of every task. strict: the first one
     that does not reach the best reward raises DemonstrationError (a broken expert would teach the
     policy to fail); otherwise such ones are dropped."""
-    from agentrl.env import has_demonstrations
-    from agentrl.rollout.tokens import verify_append_only
-
     if per_task < 1:
         raise DemonstrationError(f"demonstrations per task must be >= 1, got {per_task}")
     probe = env_factory()
@@ -173,8 +167,6 @@ def tokens_from_messages(messages: Sequence[Message], tokenizer: Any, traj_id: s
     """A transcript's tokens laid out exactly as the rollout engine lays them out: the closed
     prompt, then per assistant message the generation prompt (mask 0), its content and EOS
     (mask 1), the template's closing tokens and the following messages (mask 0)."""
-    from agentrl.rollout.tokens import ChatTokens
-
     chat = ChatTokens(tokenizer, eos_token_ids)
     first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first is None or first == 0:
@@ -277,3 +269,56 @@ def trajectories_from_jsonl(path: str | Path, tokenizer: Any, min_reward: float 
         if traj.status.trainable and traj.num_policy_tokens:
             out.append(traj)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm start's data (trainer.warm_start, `agentrl sft`)
+# ---------------------------------------------------------------------------------------------
+
+
+def check_warm_start(cfg: Config) -> None:
+    """What can be checked before any work: a data file that exists, or an env with
+    demonstrations. Raises ConfigError (one line)."""
+    ws = cfg.trainer.warm_start
+    if not ws.enabled:
+        return
+    if ws.data is not None:
+        if not Path(ws.data).is_file():
+            raise ConfigError(f"trainer.warm_start.data: no such file {ws.data} (a JSONL of trajectories, e.g. "
+                              "an earlier run's trajectories.jsonl)")
+        check_trajectory_file(ws.data)  # every line's schema, before the model loads
+        return
+    if ws.source == "rft":  # the policy's own episodes: any env
+        return
+    if not env_class_demonstrates(cfg.env.name):
+        raise ConfigError(f"trainer.warm_start: env '{cfg.env.name}' has no demonstrations (no demonstrate()); "
+                          "set trainer.warm_start.source=rft (the policy's own best episodes), "
+                          "trainer.warm_start.data=FILE.jsonl or trainer.warm_start.enabled=false")
+
+
+async def warm_start_data(cfg: Config, env_factory: Callable[[], Any], train_tasks: Sequence[Task],
+                          tokenizer: Any, heldout_ids: set[str] | None = None) -> list[Trajectory]:
+    """The warm-start trajectories: recorded ones from `warm_start.data` (filtered by reward),
+    else demonstrations of the first `warm_start.tasks` train tasks. Held-out task ids are never
+    included. Raises DemonstrationError (one line) when there is nothing good to train on."""
+    ws = cfg.trainer.warm_start
+    heldout = heldout_ids or set()
+    if ws.data is not None:
+        trajs = trajectories_from_jsonl(ws.data, tokenizer, ws.min_reward, exclude_task_ids=heldout)
+        if not trajs:
+            raise DemonstrationError(f"{ws.data}: no trajectory with reward >= {ws.min_reward} and policy tokens; "
+                                     "lower trainer.warm_start.min_reward or record more trajectories")
+        return trajs
+    tasks = [t for t in train_tasks if str(t.get("id", "")) not in heldout][: ws.tasks]
+    if not tasks:
+        raise DemonstrationError(f"env '{cfg.env.name}' has no train tasks to demonstrate")
+    trajs = await collect_demonstrations(
+        env_factory, tasks, tokenizer, per_task=ws.per_task, max_tokens=max(cfg.sampling.max_tokens, 4096),
+        max_context_tokens=cfg.rollout.max_context_tokens, concurrency=max(1, cfg.sandbox.pool_size),
+        timeout_s=cfg.rollout.trajectory_timeout_s)
+    # Longer than a turn may be: still worth imitating (the format), but RL will cut such turns.
+    longest = max((t.action_end - t.action_start for tr in trajs for s in tr.segments for t in s.turns), default=0)
+    if longest > cfg.sampling.max_tokens:
+        log.warning("a demonstration action has %d tokens, more than sampling.max_tokens=%d: the policy "
+                    "cannot produce it in one turn; raise sampling.max_tokens", longest, cfg.sampling.max_tokens)
+    return trajs

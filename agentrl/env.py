@@ -532,6 +532,18 @@ def has_demonstrations(env: Any) -> bool:
     return method is not None and method is not Env.demonstrate
 
 
+async def call_demonstrate(env: Any, task: Task, seed: int = 0) -> Any:
+    """`env.demonstrate(task)`, passing `seed=` when the env's method takes it (built-ins vary
+    their path with it; a user's `demonstrate(task)` need not). Returns what it returns, unchecked
+    (agentrl.demos checks it is a list of action strings)."""
+    method = env.demonstrate
+    try:
+        takes_seed = "seed" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    return await (method(task, seed=seed) if takes_seed else method(task))
+
+
 def env_class_demonstrates(name: str) -> bool:
     """Whether the env registered as `name` overrides `Env.demonstrate`, told from its class
     without building it (True when it cannot be told: a factory function, not a class)."""

@@ -8,13 +8,23 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.heap import trim_heap
+from agentrl.env_builder import check_env_name, make_env
+from agentrl.inference import make_engine
+from agentrl.inference.base import SamplingParams, all_cores
+from agentrl.inference.cpu.memory import trim_heap
+from agentrl.laminar.prompts import require_field
+from agentrl.metrics import is_success
+from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
+from agentrl.progress import status
+from agentrl.rollout.engine import RolloutEngine
+from agentrl.sandboxes import make_pool
 from agentrl.types import Task, Trajectory
 
 
@@ -170,8 +180,6 @@ def success_counts(outcomes: Iterable[tuple[str, int]]) -> dict[str, int]:
 def groups_of(tasks: list[Task], key: str, env_name: str) -> dict[str, str]:
     """Task id -> its value of the field `eval.group_by` names; one line (UserError) when a task
     lacks the field."""
-    from agentrl.laminar.prompts import require_field
-
     require_field(tasks, key, "eval.group_by", env_name)
     return {str(t.get("id", "")): str(t[key]) for t in tasks}
 
@@ -206,8 +214,6 @@ class EvalResult:
 
 
 def summarize_trajectories(trajs: list[Trajectory]) -> EvalResult:
-    from agentrl.run import is_success
-
     n = len(trajs)
     wins = sum(is_success(t) for t in trajs)
     lo, hi = wilson_interval(wins, n)
@@ -247,11 +253,6 @@ class HeldOutEvaluator:
 
     def __init__(self, cfg: Config, env_factory: Any, tasks: list[Any], tokenizer: Any, engine: Any,
                  run_dir: Path | None = None, started: float | None = None) -> None:
-        import time
-
-        from agentrl.inference.base import SamplingParams
-        from agentrl.rollout.engine import RolloutEngine
-
         if not tasks:
             raise ConfigError(f"eval.split={cfg.eval.split!r}: env '{cfg.env.name}' has no tasks there")
         self.cfg, self.env_factory, self.engine = cfg, env_factory, engine
@@ -274,13 +275,9 @@ class HeldOutEvaluator:
     async def run(self, learner: Any, phase: str, step: int, alone: bool = False) -> dict[str, Any]:
         """Evaluate the learner's current weights; `phase` is base, warm_start, step or final.
         `alone`: nothing else computes meanwhile, so an hf engine decodes on every core."""
-        import time
-
         t0 = time.perf_counter()
-        from agentrl.inference.base import all_cores
+        # heavy lazy load: torch, which `agentrl report` (importing this module) does not need
         from agentrl.trainer.weights import weight_views
-        from agentrl.progress import status
-        from agentrl.run import is_success
 
         # Views of the learner's weights, not a clone: the learner does not step during an
         # evaluation. An hf engine takes them as its parameters (no second copy of the weights).
@@ -325,6 +322,7 @@ def heldout_line(rec: dict[str, Any]) -> str:
 def _resolve(model: str | None, env: str, config_file: str | None, overrides: list[str]
              ) -> tuple[Config, Path | None]:
     """A model name/path, or a run directory whose latest checkpoint's weights are evaluated."""
+    # heavy lazy load: torch (see HeldOutEvaluator.run)
     from agentrl.trainer.checkpoint import latest_checkpoint
 
     overrides = list(overrides)
@@ -348,8 +346,6 @@ async def load_checkpoint(engine: Any, cfg: Config, checkpoint: Path) -> None:
     `agentrl eval` and `agentrl serve` of a run directory."""
     import torch  # heavy lazy load: only to read a checkpoint
 
-    from agentrl.models import resolve_configured
-
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["learner"]
     weights = state["model"]
     if any(".lora_" in k for k in weights):  # a LoRA run checkpoints the adapter only
@@ -364,13 +360,6 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
                    ) -> tuple[list[Trajectory], dict[str, str] | None]:
     """`agentrl eval`: the first `n` tasks of `split` (cycled; the train split when it has none),
     one episode each; returns their trajectories and, with `eval.group_by`, each task's group."""
-    from agentrl.inference import make_engine
-    from agentrl.inference.base import SamplingParams, all_cores
-    from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
-    from agentrl.rollout.engine import RolloutEngine
-    from agentrl.run import make_env
-    from agentrl.sandboxes import make_pool
-
     engine = make_engine(cfg)
     if checkpoint is not None:
         await load_checkpoint(engine, cfg, checkpoint)
@@ -402,8 +391,6 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
 
 def main(env: str, model: str | None, n: int, config_file: str | None = None, split: str = "test",
          overrides: list[str] | None = None) -> int:
-    from agentrl.run import check_env_name
-
     if n < 1:
         raise ConfigError(f"--n must be >= 1, got {n}")
     cfg, ckpt = _resolve(model, env, config_file, list(overrides or []))
@@ -419,7 +406,6 @@ def main(env: str, model: str | None, n: int, config_file: str | None = None, sp
     print(f"mean tokens   {res.tokens_mean:.1f}")
     print(f"mean tool calls {res.tool_calls_mean:.2f}  errors {res.errors}")
     print(f"valid-call rate {res.valid_call_rate:.3f}")
-    from agentrl.run import is_success
 
     outcomes = [(t.task_id, int(is_success(t))) for t in trajs]
     figures["outcomes"] = success_counts(outcomes)  # per task: paired comparisons across runs

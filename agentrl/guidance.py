@@ -30,6 +30,7 @@ from typing import Any
 from agentrl.config import Config, ConfigError
 from agentrl.demos import DemonstrationError, demonstration_problem, play_demonstration
 from agentrl.env import env_class_demonstrates
+from agentrl.metrics import is_success
 from agentrl.types import Group, Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,6 @@ class DemoGuide:
         self.failed = 0  # demonstrations that did not reach the best reward (left out)
 
     async def __call__(self, groups: list[Group]) -> list[Group]:
-        from agentrl.run import is_success
-
         for group in groups:
             if not group.trajectories or any(is_success(t) for t in group.trajectories):
                 continue

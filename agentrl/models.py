@@ -27,13 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.config import ModelConfig
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from agentrl.config import ModelConfig
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CACHE = "~/.cache/agentrl/models"
@@ -77,8 +77,6 @@ def resolve_model(name: str, cache_dir: str | os.PathLike[str] | None = None) ->
 def resolve_configured(model: ModelConfig) -> Path:
     """`cfg.model` → a local folder. A cache_dir left at its default defers to $AGENTRL_CACHE;
     one set in the config wins."""
-    from agentrl.config import ModelConfig
-
     return resolve_model(model.name, None if model.cache_dir == ModelConfig.cache_dir else model.cache_dir)
 
 
@@ -146,8 +144,8 @@ def _embedded_model(cache: Path) -> Path:
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     """De-quantize a GGUF checkpoint into a float32 safetensors HF folder with its tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # heavy lazy load: resolving a model folder (every command) loads no torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy lazy load, as torch above
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
@@ -184,7 +182,7 @@ def _as_folder(path_or_name: str | os.PathLike[str]) -> Path:
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """The tokenizer of a model folder (or of a model name, resolved first)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy lazy load, as torch above
 
     return AutoTokenizer.from_pretrained(str(_as_folder(path)))
 
@@ -199,7 +197,7 @@ def use_chat_template(tokenizer: Any, model: ModelConfig) -> Any:
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float32' | 'bfloat16' | 'float16' (or a torch.dtype) → torch.dtype."""
-    import torch
+    import torch  # heavy lazy load: resolving a model folder (every command) loads no torch
 
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -213,7 +211,7 @@ def resolve_device(requested: str, gpus_needed: int = 1) -> str:
     """A device setting (`trainer.device`, `engine.device`) resolved: "auto" is "cuda" where torch
     sees `gpus_needed` GPUs (one per learner rank), else "cpu"; "cpu" and "cuda" stand
     (config.validate refuses "cuda" without enough GPUs)."""
-    import torch
+    import torch  # heavy lazy load: resolving a model folder (every command) loads no torch
 
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= gpus_needed else "cpu"
@@ -226,7 +224,7 @@ def autocast_dtype(requested: str, device: str) -> str:
     AVX512-BF16 or AMX — and float32 elsewhere: on an AVX2-only CPU bf16 autocast ran over 10x
     slower than fp32, on an AVX512-BF16 one 2.5x faster (`bench/memory.py --learner`,
     docs/benchmarks.md)."""
-    import torch
+    import torch  # heavy lazy load: resolving a model folder (every command) loads no torch
 
     if requested != "auto":
         return requested
@@ -243,7 +241,7 @@ def autocast_weight_names(model: torch.nn.Module) -> set[str]:
     """Parameter names that autocast casts to its low-precision dtype on every forward: the weights
     and biases of `nn.Linear` layers, less a layer whose weight is also the input embedding (tied
     LM head: the embedding lookup reads it in full precision)."""
-    import torch
+    import torch  # heavy lazy load: resolving a model folder (every command) loads no torch
 
     embedding = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
     names = set()
@@ -268,10 +266,10 @@ def cast_for_autocast(model: torch.nn.Module, dtype: str) -> set[str]:
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "float32",
                device: str = "cpu", **kwargs: Any) -> PreTrainedModel:
     """A causal LM from a model folder (or name), in eval mode on `device`, with grouped-query
-    attention that does not copy key/value heads (agentrl/attention.py) unless told otherwise."""
-    from transformers import AutoModelForCausalLM
+    attention that does not copy key/value heads (agentrl/inference/cpu/attention.py) unless told otherwise."""
+    from transformers import AutoModelForCausalLM  # heavy lazy load, as torch above
 
-    from agentrl.attention import register
+    from agentrl.inference.cpu.attention import register  # imports transformers: heavy, as above
 
     folder = str(_as_folder(path))
     if "attn_implementation" in kwargs:

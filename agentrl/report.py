@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agentrl.evaluate import tasks_label
+from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span, tasks_label
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -38,7 +38,7 @@ def staleness_histogram(rows: list[dict[str, Any]]) -> dict[int, int]:
 
 
 def _line_plot(path: Path, rows: list[dict[str, Any]], keys: list[str], title: str, ylabel: str) -> bool:
-    import matplotlib
+    import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -65,7 +65,7 @@ def _line_plot(path: Path, rows: list[dict[str, Any]], keys: list[str], title: s
 
 
 def _hist_plot(path: Path, hist: dict[int, int]) -> None:
-    import matplotlib
+    import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -90,7 +90,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def _heldout_plot(path: Path, evals: list[dict[str, Any]]) -> None:
     """Held-out success (Wilson 95% CI bars) over wall-clock time; the dashed line marks the end
     of the warm start (the evaluation that follows it starts there)."""
-    import matplotlib
+    import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,8 +174,6 @@ table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px}}</st
 def _gain_paragraph(evals: list[dict[str, Any]]) -> str:
     """RL's held-out gain (final against the warm start, or base) with its paired 95% CI, and the
     `eval.group_by` values whose successes it changed."""
-    from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span
-
     gain = rl_gain(evals)
     if gain is None:
         return ""

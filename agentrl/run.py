@@ -11,27 +11,44 @@ current step, saves a checkpoint, closes every sandbox and exits; `--resume RUN_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from agentrl.config import Config, ConfigError, dump_config, load_config
-from agentrl.errors import UserError, where
-from agentrl.heap import mark_phase, phase, trim_heap
+from agentrl.demos import check_warm_start
+from agentrl.env_builder import check_env_name, make_env
+from agentrl.errors import UserError
+from agentrl.guidance import DemoGuide, check_demo_guidance
+from agentrl.inference import make_engine
+from agentrl.inference.cpu.memory import trim_heap
+from agentrl.laminar.cluster import RemoteEngine, loop_runtime, pool_metrics, ray_session
+from agentrl.laminar.loop import run_training_async
+from agentrl.laminar.prompts import require_field
+from agentrl.metrics import is_success, jsonable
+from agentrl.models import resolve_configured
+from agentrl.phases import mark_phase, phase
 from agentrl.progress import status
+from agentrl.report import write_report
+from agentrl.sandboxes import make_pool
+from agentrl.stages import Stages, StopTraining
+from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from agentrl.trainer.distributed import make_learner
+from agentrl.trainer.weights import weight_views
 from agentrl.types import Group, Trajectory
 
 log = logging.getLogger("agentrl.run")
-
-
-class StopTraining(Exception):
-    """Raised from the step callback to end the loop after a checkpoint (SIGINT)."""
 
 
 @dataclass
@@ -45,51 +62,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "run"
 
 
-def check_env_name(name: str) -> None:
-    """Fail before any work if `name` is neither registered, nor a foreign env "SCHEME:SPEC" whose
-    adapter accepts SPEC, nor an importable module:Class."""
-    import agentrl
-    from agentrl.env import env_class, load_entry_point, split_scheme
-
-    if name in agentrl.registry():
-        return
-    if (found := split_scheme(name)) is not None:
-        # An adapter may check its spec before any work (the package installed, the game known):
-        # it raises UserError/ConfigError with the fix.
-        check_spec = getattr(env_class(name), "check_spec", None)
-        if check_spec is not None:
-            check_spec(found[1])
-        return
-    if ":" not in name:
-        raise ConfigError(f"unknown env '{name}'; registered: {', '.join(agentrl.list_envs())} "
-                          "(or pass package.module:Class)")
-    try:
-        load_entry_point(name)
-    except Exception as e:
-        if _names_nothing(name, e):  # a typo in --env: usage (exit 2)
-            raise ConfigError(f"env '{name}' cannot be loaded: {e}") from None
-        # The module is there but fails while importing (its own error or a missing dependency).
-        raise UserError(f"env '{name}' does not import: {type(e.__cause__ or e).__name__}: {e}{where(e)}",
-                        fix=f"fix the module or install what it imports; `agentrl env check {name}` "
-                            "checks it") from e
-
-
-def _names_nothing(name: str, exc: Exception) -> bool:
-    """Whether loading `name` failed because the module, file or attribute it names does not exist."""
-    module = name.rsplit(":", 1)[0]
-    if isinstance(exc, ValueError) or "has no attribute" in str(exc):
-        return True
-    if module.endswith(".py"):
-        return not Path(module).is_file()
-    missing = getattr(exc.__cause__, "name", None)  # ModuleNotFoundError.name: which module was absent
-    return isinstance(exc.__cause__, ModuleNotFoundError) and (module == missing or module.startswith(f"{missing}."))
-
-
 def prepare_run(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
                 resume: str | None = None) -> RunPlan:
     """Resolve and validate everything a run needs; raises ConfigError before any work."""
-    from agentrl.trainer.checkpoint import latest_checkpoint
-
     overrides = list(overrides or [])
     if resume:
         run_dir = Path(resume)
@@ -107,9 +82,6 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
         raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
     cfg = load_config(env=env, config_file=config_file, overrides=overrides)
     check_env_name(cfg.env.name)
-    from agentrl.guidance import check_demo_guidance
-    from agentrl.sft import check_warm_start
-
     check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
     check_demo_guidance(cfg)
     name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
@@ -117,45 +89,9 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
     return RunPlan(cfg, Path(cfg.run.dir) / name)
 
 
-def make_env(cfg: Config, pool: Any) -> Any:
-    """Build the configured env. A ToolEnv gets the shared sandbox pool and the ToolEnv settings
-    the config sets (None keeps the class's own; env.kwargs win); summarize wraps it in SUPO."""
-    import agentrl
-
-    kwargs: dict[str, Any] = {}
-    if _is_tool_env(cfg.env.name):
-        settings = {"parser": cfg.env.tool_parser, "max_turns": cfg.env.max_turns,
-                    "max_output_chars": cfg.env.max_output_chars, "tool_timeout_s": cfg.env.tool_timeout_s,
-                    "step_reward_alpha": cfg.reward.step_reward_alpha, "sandbox_pool": pool,
-                    "mcp_servers": cfg.env.mcp_servers or None}
-        kwargs = {k: v for k, v in settings.items() if v is not None}
-    env = agentrl.make(cfg.env.name, **{**kwargs, **cfg.env.kwargs})
-    if cfg.summarize.enabled:
-        from agentrl.envs.summarize import SummarizeEnv
-
-        s = cfg.summarize
-        env = SummarizeEnv(env, working_context=s.working_context, ratio=s.ratio,
-                           max_summaries=s.max_summaries, max_steps=s.max_steps)
-    return env
-
-
-def _is_tool_env(name: str) -> bool:
-    from agentrl.env import ToolEnv, env_class
-
-    cls = env_class(name)
-    return isinstance(cls, type) and issubclass(cls, ToolEnv)
-
-
 # ---------------------------------------------------------------------------------------------
 # Per-step metrics
 # ---------------------------------------------------------------------------------------------
-
-
-def is_success(traj: Trajectory) -> bool:
-    """An env may report "success" among its reward components; otherwise a full outcome."""
-    if "success" in traj.reward_components:
-        return traj.reward_components["success"] >= 1.0
-    return traj.outcome_reward >= 1.0
 
 
 def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +108,9 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "outcome_mean": sum(t.outcome_reward for t in trajs) / n,
         "success_rate": sum(is_success(t) for t in trajs) / n,
         "turns_mean": sum(t.num_turns for t in trajs) / n,
+        # Trajectory.mode: episodes whose chat template rewrote history train one row per request
+        "stepwise_fraction": sum(t.mode == "stepwise" for t in trajs) / n,
+        "agent_dropped": sum(t.metrics.get("agent_dropped", 0.0) > 0 for t in trajs),  # never called the model
         "policy_tokens": tokens,
         "tokens_per_s": tokens / gen_s if gen_s > 0 else None,
         "status": {s: sum(t.status.value == s for t in trajs) for s in {t.status.value for t in trajs}},
@@ -203,14 +142,10 @@ class _Progress:
     every second; off a TTY the same as a log line every `log_every_s`, and a line per step."""
 
     def __init__(self, total: int, start: int, quiet: bool, log_every_s: float = 30.0) -> None:
-        import sys
-
         status.reset()
         self.quiet, self.log_every_s = quiet, log_every_s
         self.bar = None
         if not quiet and sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn())
             self.task = self.bar.add_task("train", total=total, completed=start, info=status.line())
@@ -258,8 +193,6 @@ class _StagedLearner:
     def state_dict_views(self) -> dict[str, Any]:
         """What the loop pushes: views where the learner offers them (see laminar.loop)."""
         self._pushing()
-        from agentrl.trainer.weights import weight_views
-
         return weight_views(self._learner)
 
     def adapter_views(self) -> dict[str, Any]:
@@ -289,8 +222,6 @@ def train(plan: RunPlan) -> int:
 async def _train(plan: RunPlan) -> int:
     progress = _Progress(plan.config.trainer.steps, 0, plan.config.run.quiet)
     ticker = asyncio.ensure_future(progress.run())
-    from agentrl.laminar.cluster import ray_session
-
     try:
         async with ray_session(plan.config) as ray_runtime:  # None unless --ray
             return await _run(plan, progress, ray_runtime)
@@ -300,15 +231,6 @@ async def _train(plan: RunPlan) -> int:
 
 
 async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
-    from agentrl.inference import make_engine
-    from agentrl.laminar.cluster import loop_runtime, pool_metrics
-    from agentrl.laminar.loop import run_training_async
-    from agentrl.laminar.prompts import require_field
-    from agentrl.models import resolve_configured
-    from agentrl.sandboxes import make_pool
-    from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from agentrl.trainer.distributed import make_learner
-
     cfg, run_dir = plan.config, plan.run_dir
     ckpt_dir = run_dir / "checkpoints"
     log.info("run %s: resolving model %s", run_dir, cfg.model.name)
@@ -367,8 +289,6 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
     except BaseException:
         await pool.close()
         raise
-    from agentrl.stages import Stages
-
     mark_phase("prepare_stages")  # the eval engine, warm-start demonstrations
     try:  # warm-start data and the held-out set: bad input stops here, before any training
         stages = await Stages.start(cfg, run_dir, learner, env_factory, tasks, extra)
@@ -428,8 +348,6 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
         status.stage = "rollout"
         guide = None
         if cfg.trainer.demo_guidance:  # played here, on the driver's sandbox pool
-            from agentrl.guidance import DemoGuide
-
             guide = DemoGuide(env_factory, tasks, stages.tokenizer, max_tokens=max(cfg.sampling.max_tokens, 4096),
                               max_context_tokens=cfg.rollout.max_context_tokens,
                               timeout_s=cfg.rollout.trajectory_timeout_s)
@@ -449,7 +367,7 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
         status.stage = "done"
         mark_phase("done")
         summary.update(await stages.finish(cfg.trainer.steps))
-        (run_dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=1))
+        (run_dir / "summary.json").write_text(json.dumps(jsonable(summary), indent=1))
     except StopTraining:
         interrupted = True
     finally:
@@ -462,8 +380,6 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
             await engine.close()
     if interrupted and last_saved < 0 and latest_checkpoint(ckpt_dir) is None:
         checkpoint(start_step)
-    from agentrl.report import write_report
-
     report = write_report(run_dir)
     print(f"[agentrl] run directory: {run_dir}  report: {report / 'index.html'}")
     if not interrupted and (verdict := summary.get("heldout_verdict")):
@@ -483,8 +399,6 @@ async def _engines_on_learner_weights(engines: list[Any], learner: Any) -> None:
     from disk and hold views of the learner's parameters, or nothing, until the first push moves
     them onto the relay's snapshot (`share_first_snapshot`). They generate nothing before that
     push, so the base evaluation and the warm start hold one copy of the weights fewer (issue 16)."""
-    from agentrl.trainer.weights import weight_views
-
     shared = False
     for engine in engines:
         share = getattr(engine, "share_weights", None)
@@ -506,14 +420,10 @@ async def _start_engines(cfg: Config, make_engine: Any) -> list[Any]:
     kind = cfg.engine.kind
     try:
         if kind == "openai":
-            import httpx
-
             async with httpx.AsyncClient(timeout=10.0) as client:
                 (await client.get(f"{cfg.engine.base_url.rstrip('/')}/models",
                                   headers={"Authorization": f"Bearer {cfg.engine.api_key}"})).raise_for_status()
         if cfg.laminar.ray_address is not None:  # each worker actor builds its own engine
-            from agentrl.laminar.cluster import RemoteEngine
-
             return [RemoteEngine(cfg) for _ in range(cfg.laminar.num_workers)]
         return [make_engine(cfg) for _ in range(cfg.laminar.num_workers)]
     except (ImportError, OSError, RuntimeError, ValueError) as e:
@@ -526,19 +436,7 @@ async def _start_engines(cfg: Config, make_engine: Any) -> list[Any]:
 
 
 def _with_steps(cfg: Config, steps: int) -> Config:
-    import dataclasses
-
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, steps=steps))
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return repr(obj)
 
 
 class _Writers:
@@ -551,14 +449,14 @@ class _Writers:
         self.tb = self.wandb = None
         if cfg.run.tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # optional: tensorboard
 
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:
                 log.warning("run.tensorboard=true but tensorboard is not installed; skipping")
         if cfg.run.wandb:
             try:
-                import wandb
+                import wandb  # optional
 
                 self.wandb = wandb.init(project="agentrl", name=run_dir.name, config=cfg.to_dict(),
                                         dir=str(run_dir))
@@ -566,7 +464,7 @@ class _Writers:
                 log.warning("run.wandb=true but wandb is not installed; skipping")
 
     def write(self, line: dict[str, Any], trajectories: list[Trajectory]) -> None:
-        self.metrics.write(json.dumps(_jsonable(line)) + "\n")
+        self.metrics.write(json.dumps(jsonable(line)) + "\n")
         self.metrics.flush()
         for traj in trajectories[: self.per_step]:
             self.trajs.write(readable_trajectory(traj, line["step"]) + "\n")

@@ -13,6 +13,7 @@ metrics.jsonl line (heldout_*), and every record into summary.json.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -21,9 +22,30 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.heap import phase as phase_mark
-from agentrl.heap import trim_heap
+from agentrl.demos import warm_start_data
+from agentrl.evaluate import (
+    HeldOutEvaluator,
+    gain_line,
+    group_changes,
+    heldout_line,
+    rl_gain,
+    rl_span,
+    verdict_line,
+)
+from agentrl.inference import make_engine
+from agentrl.inference.cpu.memory import trim_heap
+from agentrl.metrics import jsonable
+from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
+from agentrl.phases import phase as phase_mark
+from agentrl.progress import status
+from agentrl.rft import rft_trajectories
+from agentrl.trainer.sft import sft_batch, sft_train
 from agentrl.types import Task, Trajectory
+
+
+class StopTraining(Exception):
+    """Ends a run after a checkpoint (Ctrl-C): raised from the step callback, or by the warm start
+    stopped early."""
 
 
 def _say(cfg: Config, text: str) -> None:
@@ -54,17 +76,12 @@ class Stages:
                     train_tasks: list[Task], resumed_extra: dict[str, Any] | None = None) -> Stages:
         """Load what the stages need and the warm-start data (so bad data stops the run before
         any training: DemonstrationError)."""
-        from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
-
         extra = resumed_extra or {}
         stages = cls(cfg, run_dir, learner, env_factory, train_tasks,
                      use_chat_template(load_tokenizer(resolve_configured(cfg.model)), cfg.model),
                      warm_done=bool(extra.get("warm_start_done")), fresh=int(extra.get("step", 0)) == 0)
         heldout_ids: set[str] = set()
         if cfg.eval.enabled:
-            from agentrl.evaluate import HeldOutEvaluator
-            from agentrl.inference import make_engine
-
             probe = env_factory()
             try:
                 tasks = list(probe.tasks(cfg.eval.split))
@@ -76,12 +93,17 @@ class Stages:
             heldout_ids = stages.evaluator.task_ids
         replay = cfg.trainer.warm_start.replay_coef > 0  # a resumed run past its warm start replays it too
         if cfg.trainer.warm_start.enabled and (not stages.warm_done or replay):
-            from agentrl.sft import warm_start_data
-
+            rft = cfg.trainer.warm_start.source == "rft"
             _say(cfg, "warm start: collecting " + (f"trajectories from {cfg.trainer.warm_start.data}"
-                                                   if cfg.trainer.warm_start.data else "demonstrations"))
+                                                   if cfg.trainer.warm_start.data else
+                                                   "the policy's best episodes (rft)" if rft else "demonstrations"))
             t0 = time.perf_counter()
-            stages.warm_data = await warm_start_data(cfg, env_factory, train_tasks, stages.tokenizer, heldout_ids)
+            if rft:
+                stages.warm_data = await rft_trajectories(cfg, env_factory, train_tasks, stages.tokenizer, learner,
+                                                          heldout_ids, engine=stages.eval_engine)
+            else:
+                stages.warm_data = await warm_start_data(cfg, env_factory, train_tasks, stages.tokenizer,
+                                                         heldout_ids)
             stages.collect_s = time.perf_counter() - t0
             stages.warm_task_ids = sorted({t.task_id for t in stages.warm_data})
             leaked = heldout_ids & {t.task_id for t in stages.warm_data}
@@ -91,8 +113,6 @@ class Stages:
     async def evaluate(self, phase: str, step: int) -> dict[str, Any] | None:
         if self.evaluator is None:
             return None
-        from agentrl.evaluate import heldout_line
-
         with phase_mark("eval"):
             # Only an evaluation between RL steps may share the cores with rollouts still running.
             rec = await self.evaluator.run(self.learner, phase, step, alone=phase != "step")
@@ -111,18 +131,12 @@ class Stages:
                         should_stop: Callable[[], bool] | None = None) -> None:
         """Base evaluation, then the warm start (checkpointed, so --resume skips it) and the
         evaluation after it. `should_stop` (Ctrl-C) ends the warm start early with
-        agentrl.run.StopTraining; it is not marked done, so a resumed run does it again."""
-        import asyncio
-
+        StopTraining; it is not marked done, so a resumed run does it again."""
         if self.fresh and not self.warm_done:
             await self.evaluate("base", 0)
         if self.warm_data and self.warm_done:  # resumed past the warm start: its data is for replay only
             self._keep_for_replay()
         elif self.warm_data:
-            from agentrl.progress import status
-            from agentrl.run import _jsonable
-            from agentrl.sft import sft_train
-
             status.stage = "warm start"
             ws = self.cfg.trainer.warm_start
             n_tok = sum(t.num_policy_tokens for t in self.warm_data)
@@ -135,7 +149,7 @@ class Stages:
             total = ws.epochs * -(-len(self.warm_data) // ws.batch_size)
             with open(self.run_dir / self.sft_file, "a") as f:
                 def write(row: dict[str, Any]) -> None:
-                    f.write(json.dumps(_jsonable(row)) + "\n")
+                    f.write(json.dumps(jsonable(row)) + "\n")
                     f.flush()
                     if row["step"] % max(1, total // 10) == 0 or row["step"] == total - 1:
                         _say(self.cfg, f"warm start step {row['step'] + 1}/{total}: loss {row['loss']:.3f} "
@@ -145,8 +159,6 @@ class Stages:
                     self.warm_rows = await asyncio.to_thread(sft_train, self.learner, self.warm_data, ws,
                                                              on_step=write, should_stop=should_stop)
             if should_stop is not None and should_stop():
-                from agentrl.run import StopTraining
-
                 raise StopTraining
             self.warm_done = True
             self.learner.reset_reference()  # the KL's reference (kl_coef > 0): the warm-started policy
@@ -161,8 +173,6 @@ class Stages:
         """Hand the warm-start sequences to the learner where RL replays them
         (trainer.warm_start.replay_coef > 0), then drop the trajectories."""
         if self.cfg.trainer.warm_start.replay_coef > 0:
-            from agentrl.sft import sft_batch
-
             self.learner.set_replay(sft_batch(self.warm_data))
         self.warm_data = []
 
@@ -182,8 +192,6 @@ class Stages:
             await self.evaluate("final", step_done)
         out: dict[str, Any] = {}
         if self.evaluator is not None:
-            from agentrl.evaluate import gain_line, group_changes, rl_gain, rl_span, verdict_line
-
             out["heldout"] = self.evaluator.records
             by_phase = {r["phase"]: r for r in self.evaluator.records}
             for phase in ("base", "warm_start", "final"):

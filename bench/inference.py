@@ -9,10 +9,10 @@ Figures: `convert_s` (GGUF → HF folder into a fresh temp cache, only with --co
 `decode_step_cpu_s` (with `--decode-rows`): the CPU seconds of one batched decode step over a
 left-padded cache of `--decode-context` tokens per row, one thread, for transformers' defaults
 (`sdpa`, which copies the key/value heads per query head under a mask, and `DynamicCache`, which
-concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/attention.py) on that
-cache, and `sdpa_gqa` on the in-place cache the hf engine uses (agentrl/inference/kv_cache.py);
+concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/inference/cpu/attention.py) on that
+cache, and `sdpa_gqa` on the in-place cache the hf engine uses (agentrl/inference/cpu/kv_cache.py);
 and the engine in bf16 (`engine.dtype: auto` under a bf16 trainer: linear weights and cache in bf16,
-autocast, and the decode attention `HALF_PRECISION_FLASH` picks: torch's flash kernel with AMX,
+autocast, and the decode attention `half_precision_flash()` picks: torch's flash kernel with AMX,
 else the grouped one); interleaved in one process, CPU time rather than wall time so a shared
 machine's load does not tilt the ratios `decode_step_default_over_engine` and
 `decode_step_fp32_over_bf16_engine`.
@@ -33,10 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.inference.base import SamplingParams
+from agentrl.inference.cpu.packed_linear import keep_linear_weights
+from agentrl.inference.cpu.threads import torch_threads
 from agentrl.inference.hf import HFEngine
-from agentrl.inference.packed_linear import keep_linear_weights
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, resolve_model
-from agentrl.threads import torch_threads
 from bench._common import emit, machine_info
 
 
@@ -67,7 +67,7 @@ def decode_step(path: str, rows: int, context: int, rounds: int = 2, steps: int 
     largest logit difference from transformers' defaults."""
     from transformers import DynamicCache
 
-    from agentrl.inference.kv_cache import growing_cache
+    from agentrl.inference.cpu.kv_cache import growing_cache
 
     models = {impl: load_model(path, attn_implementation=impl) for impl in ("sdpa", "sdpa_gqa")}
     for name, pack in (("bf16", False), ("bf16_packed", True)):  # the engine under a bf16 trainer (engine.dtype:

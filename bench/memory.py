@@ -14,7 +14,7 @@ in fp32 or 8 bits as `trainer.optimizer` says, weight copies for the engines); `
 (activations, engine KV cache, interpreter, sandboxes) is the remainder.
 
 Phase timeline (agentrl runs): the run writes a line to $AGENTRL_PHASE_LOG whenever it enters a
-phase (agentrl/heap.py `mark_phase`: load_model, start_engines, prepare_stages, eval, warm_start,
+phase (agentrl/phases.py `mark_phase`: load_model, start_engines, prepare_stages, eval, warm_start,
 push, rollout = the trainer waiting for a batch, learner_step, sync, checkpoint, done), with the
 bytes of the tensors it tracks (learner weights, gradients, Adam state, engine weights, engine KV,
 relay buffers; each storage counted once, by the first of them in that order that holds it: an
@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentrl.heap import PHASE_LOG_ENV
+from agentrl.phases import PHASE_LOG_ENV
 from bench._common import ROOT, emit, git_commit, machine_info, utc_now
 
 GB = 1 << 30

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from agentrl.env import Env, make
+from agentrl.env import Env, call_demonstrate, make
 from agentrl.types import Message, StepResult, Task
 
 # v_sum, SUPO App. B.2 (CodeGym variant), sent as a user turn (algorithms.md §4.1).
@@ -187,10 +187,8 @@ class SummarizeEnv(Env):
     _delegates_demos = True  # has_demonstrations looks at the inner env
 
     async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
-        """The inner env's demonstration (agentrl.demos passes seed= when it takes one)."""
-        from agentrl.demos import demonstration_actions
-
-        return await demonstration_actions(self.inner, task, seed)
+        """The inner env's demonstration (with the seed when it takes one)."""
+        return await call_demonstrate(self.inner, task, seed)
 
     async def aclose(self) -> None:
         close = getattr(self.inner, "aclose", None)

@@ -22,7 +22,8 @@ def bench_line(*args: str) -> dict:
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(line["machine"]["load_avg"]) == 3 and line["machine"]["cpus"] >= 1
     # the CPU and its vector extensions: figures of different machines must not be compared as one
-    assert line["machine"]["cpu"]["model"] and "avx2" in line["machine"]["cpu"]["extensions"]
+    # (any CPU: an ARM one lists none of the x86 extensions bench/_common.py looks for)
+    assert line["machine"]["cpu"]["model"] and isinstance(line["machine"]["cpu"]["extensions"], list)
     return line
 
 
@@ -80,5 +81,5 @@ def test_rollout_bench_runs_every_engine_in_every_round() -> None:
     line = json.loads(out.stdout.strip().splitlines()[-1])
     assert line["schedule"] == "engines interleaved per round" and line["rounds"] == 2
     assert line["tokens_per_s_over_hf_transformers"] > 0 and line["async_over_sync"] > 0
-    assert line["machine"]["cpu"]["model"] and len(line["machine"]["load_avg"]) == 3
     assert line["agent_tokens_per_s_over_native"] > 0  # the same workload as an AgentEnv through the endpoint
+    assert line["machine"]["cpu"]["model"] and len(line["machine"]["load_avg"]) == 3

@@ -63,12 +63,12 @@ def test_phase_timeline_names_the_phase_that_peaked_and_the_components_there(tmp
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from agentrl import heap
+    from agentrl import phases
     from bench.memory import GB, phase_timeline
 
     log = tmp_path / "phases.jsonl"
-    monkeypatch.setenv(heap.PHASE_LOG_ENV, str(log))
-    monkeypatch.setattr(heap, "_tracked", [])
+    monkeypatch.setenv(phases.PHASE_LOG_ENV, str(log))
+    monkeypatch.setattr(phases, "_tracked", [])
 
     class Owner:
         def __init__(self) -> None:
@@ -77,10 +77,10 @@ def test_phase_timeline_names_the_phase_that_peaked_and_the_components_there(tmp
 
     owner = Owner()
     # the viewer is tracked first (an engine built before the relay): the owner still claims it
-    heap.track("copies", owner, lambda o: [o.view, None], views=True)
-    heap.track("weights", owner, lambda o: [o.a])
-    heap.mark_phase("rollout")
-    with heap.phase("learner_step"):
+    phases.track("copies", owner, lambda o: [o.view, None], views=True)
+    phases.track("weights", owner, lambda o: [o.a])
+    phases.mark_phase("rollout")
+    with phases.phase("learner_step"):
         pass
     marks = [json.loads(line) for line in log.read_text().splitlines()]
     assert [m["phase"] for m in marks] == ["rollout", "learner_step", "rollout"]
@@ -104,4 +104,4 @@ def test_phase_timeline_names_the_phase_that_peaked_and_the_components_there(tmp
     assert out["phases"]["push"]["peak_gb"] == 0.25
     assert [s["phase"] for s in out["timeline"]] == ["startup", "rollout", "push", "rollout"]
     del owner  # a freed owner is no longer counted
-    assert heap.component_bytes() == {}
+    assert phases.component_bytes() == {}

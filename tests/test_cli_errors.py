@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import agentrl.run
 import agentrl.sandboxes.docker
-import agentrl.trainer.distributed
 import agentrl.trainer.learner
 from agentrl import cli
 
@@ -60,7 +60,7 @@ def fail(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 @pytest.fixture
 def stub_learner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[str]]:
     monkeypatch.setattr(agentrl.trainer.learner, "Learner", _StubLearner)
-    monkeypatch.setattr(agentrl.trainer.distributed, "make_learner", _StubLearner)  # what run.py calls
+    monkeypatch.setattr(agentrl.run, "make_learner", _StubLearner)  # what run.py calls
     # The Docker client is cached per process (run.py uses agentrl.sandboxes): an earlier test's
     # client would ignore DOCKER_HOST.
     agentrl.sandboxes.docker.docker_client.cache_clear()

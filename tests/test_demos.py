@@ -16,14 +16,17 @@ import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.demos import (
     DemonstrationError,
+    check_warm_start,
     collect_demonstrations,
     play_demonstration,
     trajectories_from_jsonl,
 )
 from agentrl.env import has_demonstrations
+from agentrl.metrics import is_success
 from agentrl.models import load_tokenizer, resolve_model
-from agentrl.run import is_success, readable_trajectory
-from agentrl.sft import check_warm_start, sft_batch, sft_loss
+from agentrl.run import readable_trajectory
+from agentrl.trainer.losses import sft_loss
+from agentrl.trainer.sft import sft_batch
 from agentrl.types import Status
 
 

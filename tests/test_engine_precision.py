@@ -10,12 +10,12 @@ import asyncio
 import pytest
 import torch
 
-from agentrl import attention
-from agentrl.attention import flash_decode_attention, grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.packed_linear import PackedLinear
+from agentrl.inference.cpu import attention, packed_linear
+from agentrl.inference.cpu.attention import flash_decode_attention, grouped_decode_attention
+from agentrl.inference.cpu.packed_linear import PackedLinear
 from agentrl.laminar.relay import Relay, layout
 from agentrl.models import autocast_weight_names, load_model, load_tokenizer, resolve_configured
 from agentrl.trainer.logprobs import token_logprobs
@@ -77,7 +77,7 @@ async def test_bf16_engine_log_probs_agree_with_the_bf16_trainer_within_bf16_noi
     attention or torch's flash kernel) against the trainer's full bf16 forward. Measured: mean |Δ|
     0.027, max 0.24-0.33, about what an fp32 engine shows beside a bf16 trainer (mean 0.024); a
     wrong cache, mask or head grouping gives errors of whole nats."""
-    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
+    monkeypatch.setattr(attention, "half_precision_flash", lambda: flash)
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
     trainer = load_model(path)
     try:
@@ -104,9 +104,9 @@ async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(monkeyp
     are prefilled through the grouped attention (or the flash kernel), where a left-padding query
     attends to nothing. Its output must stay finite: the next layer reads that position back as a
     masked key (0 x NaN is NaN), and stop 38's first version sampled the padded rows from NaN log-probs."""
-    from agentrl.attention import MAX_GROUPED_QUERIES
+    from agentrl.inference.cpu.attention import MAX_GROUPED_QUERIES
 
-    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
+    monkeypatch.setattr(attention, "half_precision_flash", lambda: flash)
 
     tok = load_tokenizer(path)
     short = [tok.encode(q) for q in ("Say hello.", "Repeat: a b c a b c a b c", "Count from 1 to 20, one by one.")]
@@ -126,19 +126,20 @@ async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(monkeyp
 
 
 def test_the_flash_kernel_is_chosen_exactly_where_the_cpu_has_amx_tiles():
-    """`HALF_PRECISION_FLASH` follows the CPU's own flags (Linux lists AMX tiles as `amx_tile`)."""
+    """`half_precision_flash` follows the CPU's own flags (Linux lists AMX tiles as `amx_tile`; a CPU
+    without them, x86 or ARM, takes the grouped attention, which the tests below force either way)."""
     with open("/proc/cpuinfo") as f:
         flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    assert ("amx_tile" in flags) == attention.HALF_PRECISION_FLASH
+    assert ("amx_tile" in flags) == attention.half_precision_flash()
 
 
 @pytest.mark.parametrize("flash", [True, False], ids=["flash", "grouped"])
 async def test_a_bf16_decode_step_takes_the_attention_chosen_for_the_cpu(prompts, monkeypatch, flash):
     """A request alone in the batch has no padding, so transformers passes no mask; batched rows
-    come with one. Either way a bf16 decode step must take the kernel `HALF_PRECISION_FLASH` picks:
+    come with one. Either way a bf16 decode step must take the kernel `half_precision_flash` picks:
     torch's flash kernel with AMX tiles, else the grouped attention (without AMX the flash kernel's
     one-token bf16 step took 0.196 s at 10 rows x 400 cached tokens, against 0.090 s)."""
-    monkeypatch.setattr(attention, "HALF_PRECISION_FLASH", flash)
+    monkeypatch.setattr(attention, "half_precision_flash", lambda: flash)
     kernel_calls, grouped_calls = [], []
     real_kernel, real_grouped = torch.nn.functional.scaled_dot_product_attention, attention.grouped_decode_attention
 
@@ -242,6 +243,12 @@ async def test_the_linear_weights_are_packed_once_per_weight_version_and_stay_bi
     changed weight — in place (a learner step on shared weights) or swapped by `load_weights` — is
     packed again, not served stale."""
     engine = make_engine(_config(**{"trainer.dtype": "bfloat16"}))
+    if not packed_linear.onednn_packing_available():  # this torch cannot pack: the fallback (tested below too)
+        try:
+            assert len(engine._linears) == 1 and not engine.model.lm_head.pack
+        finally:
+            await engine.close()
+        return
     reference = load_model(path)  # transformers' own layers, autocast casting the head on every forward
     ids = torch.tensor([prompts[2]])
     head, down = engine.model.lm_head, engine.model.model.layers[3].mlp.down_proj
@@ -302,8 +309,6 @@ async def test_packing_changes_no_token_or_log_prob_of_generation(prompts):
 async def test_a_torch_without_onednn_packing_keeps_the_plain_cast(monkeypatch, prompts):
     """Packing rests on inductor's private oneDNN ops; where this torch lacks them the engine
     falls back to stop 32's behaviour (only the tied head keeps a cast) and generates the same."""
-    from agentrl.inference import packed_linear
-
     reference = make_engine(_config(**{"trainer.dtype": "bfloat16", "engine.pack_weights": "false"}))
     monkeypatch.setattr(packed_linear, "onednn_packing_available", lambda: False)
     fallback = make_engine(_config(**{"trainer.dtype": "bfloat16"}))  # pack_weights on, but nothing to pack with

@@ -16,8 +16,9 @@ import pytest
 import agentrl
 from agentrl.config import ConfigError
 from agentrl.guidance import DemoGuide
+from agentrl.metrics import is_success
 from agentrl.models import load_tokenizer, resolve_model
-from agentrl.run import is_success, prepare_run
+from agentrl.run import prepare_run
 from agentrl.types import Group, Segment, Status, Trajectory
 
 

@@ -1,14 +1,16 @@
-"""trim_heap (agentrl/heap.py): freed tensors that glibc keeps in its heap go back to the OS."""
+"""trim_heap (agentrl/inference/cpu/memory.py): freed tensors that glibc keeps in its heap go back to the OS."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import psutil
 import torch
 
-from agentrl.heap import trim_heap
+from agentrl.inference.cpu.memory import trim_heap
 
 
 def test_trim_heap_returns_fragmented_free_memory() -> None:
@@ -40,7 +42,7 @@ def test_mapped_tensors_give_freed_step_memory_back_without_a_trim() -> None:
     In a fresh interpreter: free chunks an earlier test left in the heap would be reused first."""
     script = """
 import psutil, torch
-from agentrl.heap import mapped_tensors
+from agentrl.inference.cpu.memory import mapped_tensors
 proc = psutil.Process()
 big = [torch.ones(8_000_000) for _ in range(2)]  # slides glibc's threshold up, as a loaded model does
 del big
@@ -72,7 +74,9 @@ print(inside, outside)
 _KERNEL_CACHE_PROBE = """
 import ctypes, json, sys
 import torch
-import agentrl.heap  # noqa: F401  (bounds the kernel caches unless the environment set them)
+from agentrl.inference.cpu.memory import bound_kernel_caches
+
+bound_kernel_caches()  # what the hf engine and the learner call first (unless the environment set them)
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -92,18 +96,15 @@ print(json.dumps(libc.mallinfo2().uordblks - before))
 
 
 def _kernel_cache_growth(env: dict[str, str]) -> int:
-    import json
-    import os
-
     clean = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     out = subprocess.run([sys.executable, "-c", _KERNEL_CACHE_PROBE], env={**clean, **env}, capture_output=True,
                          text=True, check=True, timeout=300)
     return int(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_importing_heap_bounds_the_kernel_caches_that_decode_shapes_fill() -> None:
+def test_bounded_kernel_caches_keep_few_of_the_shapes_decode_steps_make() -> None:
     """300 bf16 matmul shapes, as 300 decode steps make: with torch's default caches (1 024
-    entries) the process keeps what it built for each; with the bound agentrl.heap sets on import
+    entries) the process keeps what it built for each; with the bound `bound_kernel_caches` sets
     it keeps at most a few dozen shapes' worth."""
     import ctypes.util
 
@@ -118,3 +119,19 @@ def test_importing_heap_bounds_the_kernel_caches_that_decode_shapes_fill() -> No
         pytest.skip(f"this CPU's bf16 matmuls keep no per-shape kernels ({default >> 20} MB for 300 shapes)")
     bounded = _kernel_cache_growth({})
     assert bounded < default / 3, (bounded >> 20, default >> 20)
+
+
+def test_importing_the_cpu_modules_changes_nothing_in_the_process() -> None:
+    """The CPU tuning acts only when called: importing every module of agentrl/inference/cpu sets
+    no environment variable (the kernel-cache bounds are set by the engine and the learner)."""
+    # torch's and transformers' own imports may set variables (TORCHINDUCTOR_*): taken before the snapshot
+    script = ("import os, json, torch, transformers, transformers.masking_utils, transformers.cache_utils\n"
+              "import transformers.integrations.sdpa_attention\n"
+              "before = dict(os.environ)\n"
+              "import agentrl.inference.cpu.attention, agentrl.inference.cpu.kv_cache, agentrl.inference.cpu.memory\n"
+              "import agentrl.inference.cpu.packed_linear, agentrl.inference.cpu.speculation, agentrl.inference.cpu.threads\n"
+              "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
+    clean = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", script], env=clean, capture_output=True, text=True, check=True,
+                         timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

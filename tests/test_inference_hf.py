@@ -452,12 +452,13 @@ async def test_make_engine_follows_config(model_path):
 
 
 def test_common_prefix_and_length_groups():
-    from agentrl.inference.hf import _common_prefix, _similar_length_groups
+    from agentrl.inference.cpu.kv_cache import common_prefix
+    from agentrl.inference.hf import _similar_length_groups
 
-    assert _common_prefix([1, 2, 3, 4], [1, 2, 3, 4, 5], 4) == 4
-    assert _common_prefix([1, 2, 3, 4], [1, 2, 3, 4], 3) == 3  # the last prompt token is always computed
-    assert _common_prefix([1, 2, 9, 4], [1, 2, 3, 4], 10) == 2
-    assert _common_prefix([7], [1], 10) == 0
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4, 5], 4) == 4
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4], 3) == 3  # the last prompt token is always computed
+    assert common_prefix([1, 2, 9, 4], [1, 2, 3, 4], 10) == 2
+    assert common_prefix([7], [1], 10) == 0
     # a long first-turn prompt is not padded together with short continuations
     groups = _similar_length_groups([30, 400, 25, 28, 390])
     assert sorted(map(sorted, groups)) == [[0, 2, 3], [1, 4]]

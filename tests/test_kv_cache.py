@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from agentrl.inference.kv_cache import GrowingLayer, growing_cache, stack_rows
+from agentrl.inference.cpu.kv_cache import GrowingLayer, growing_cache, stack_rows
 from agentrl.models import load_model, resolve_model
 
 

@@ -13,8 +13,12 @@ import torch
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.hf import FORWARD_FIXED_TOKENS, ForwardCost, _draft_width
-from agentrl.inference.ngram import propose_continuation
+from agentrl.inference.cpu.speculation import (
+    FORWARD_FIXED_TOKENS,
+    ForwardCost,
+    draft_width,
+    propose_continuation,
+)
 from agentrl.models import load_tokenizer, resolve_configured
 from agentrl.trainer.logprobs import token_logprobs
 
@@ -32,15 +36,15 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
 
 
 def test_draft_width_weighs_expected_tokens_against_the_forward_cost():
-    assert _draft_width([], []) == 0
-    assert _draft_width([0, 0, 0], [0.9, 0.9, 0.9]) == 0
-    assert _draft_width([4] * 8, [0.95] * 8) == 4  # drafts that are nearly always kept: all of them
-    assert _draft_width([4] * 8, [0.05] * 8) == 0  # nearly never kept: a plain step is cheaper
+    assert draft_width([], []) == 0
+    assert draft_width([0, 0, 0], [0.9, 0.9, 0.9]) == 0
+    assert draft_width([4] * 8, [0.95] * 8) == 4  # drafts that are nearly always kept: all of them
+    assert draft_width([4] * 8, [0.05] * 8) == 0  # nearly never kept: a plain step is cheaper
     # one row's long draft would widen all sixteen rows: not worth it; alone it is
-    assert _draft_width([4] + [0] * 15, [0.5] * 16) == 0
-    assert _draft_width([4], [0.5]) == 4
+    assert draft_width([4] + [0] * 15, [0.5] * 16) == 0
+    assert draft_width([4], [0.5]) == 4
     # the width follows the rows' acceptance: fewer tokens for a batch that keeps fewer
-    assert 0 < _draft_width([4] * 8, [0.5] * 8) < _draft_width([4] * 8, [0.9] * 8)
+    assert 0 < draft_width([4] * 8, [0.5] * 8) < draft_width([4] * 8, [0.9] * 8)
 
 
 def _config(**overrides: object):
@@ -77,7 +81,7 @@ def test_forward_cost_fits_this_machines_fixed_part_once_the_step_widths_vary():
         cost.add(tokens, 0.030 + 0.00275 * tokens)
     assert abs(cost.fixed_tokens() - 30 / 2.75) < 0.5
     # a cheaper fixed part turns drafts kept one time in three off where 40 would feed them
-    assert _draft_width([4] * 8, [0.35] * 8, cost.fixed_tokens()) == 0 < _draft_width([4] * 8, [0.35] * 8)
+    assert draft_width([4] * 8, [0.35] * 8, cost.fixed_tokens()) == 0 < draft_width([4] * 8, [0.35] * 8)
 
 
 async def test_the_engine_fits_the_forward_cost_per_thread_count(prompts):

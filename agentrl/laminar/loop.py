@@ -29,8 +29,14 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.heap import LEARNER_MMAP_THRESHOLD, mapped_tensors, mark_phase, phase, trim_heap
 from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, own_cores
+from agentrl.inference.cpu.memory import LEARNER_MMAP_THRESHOLD, mapped_tensors, trim_heap
+from agentrl.inference.cpu.threads import (
+    release_idle_workers,
+    threads_per_block,
+    to_thread_releasing,
+    torch_threads,
+)
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
@@ -38,8 +44,8 @@ from agentrl.laminar.prompts import PromptPool
 from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
 from agentrl.laminar.runtime import ActorDied, LocalRuntime, Resources, Runtime, gather_alive, ray_runtime
 from agentrl.laminar.worker import RolloutWorker
+from agentrl.phases import mark_phase, phase
 from agentrl.progress import status as run_status
-from agentrl.threads import release_idle_workers, threads_per_block, to_thread_releasing, torch_threads
 from agentrl.trainer.rewards import DynamicSampler
 from agentrl.trainer.weights import weight_views
 from agentrl.types import Group, Task

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.heap import track
+from agentrl.inference.cpu.threads import to_thread_releasing
 from agentrl.laminar.runtime import ActorDied
 from agentrl.laminar.types import FetchPolicy
-from agentrl.threads import to_thread_releasing
+from agentrl.phases import track
 
 # ---------------------------------------------------------------------------------------------
 # Latency model (App. D, algorithms.md §1.2): p nodes in a chain, M bytes in k chunks.

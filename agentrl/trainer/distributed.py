@@ -31,13 +31,23 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
 
-from agentrl.config import RewardConfig, TrainerConfig, WarmStartConfig
-from agentrl.heap import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
-from agentrl.models import resolve_device
+from agentrl.config import ModelConfig, RewardConfig, TrainerConfig, WarmStartConfig
+from agentrl.errors import UserError
+from agentrl.inference.cpu.memory import LEARNER_MMAP_THRESHOLD, set_mmap_threshold
+from agentrl.models import resolve_configured, resolve_device
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.learner import Learner, adapter_items, hf_name, make_optimizer
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
+from agentrl.trainer.sft import sft_steps
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -74,8 +84,6 @@ class ShardedLearner(Learner):
 
     def __init__(self, model: str | Path | torch.nn.Module, cfg: TrainerConfig, temperature: float = 1.0,
                  reward_cfg: RewardConfig | None = None, device: str = "cpu") -> None:
-        from torch.distributed.fsdp import fully_shard
-
         super().__init__(model, cfg, temperature, reward_cfg, device)
         # The policy, and the frozen reference of the k3 KL (kl_coef > 0) the same way: each rank
         # holds 1/N of either. Every rank runs the reference over the whole batch (_recompute), so
@@ -152,8 +160,6 @@ class ShardedLearner(Learner):
     def _model_and_optimizer_state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Full (unsharded) model and optimizer state, as a single learner's: a checkpoint from
         N ranks resumes on any number of ranks."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         # The gathered tensors are new, but unsharded entries (Adam's `step` counts) are the live
@@ -168,8 +174,6 @@ class ShardedLearner(Learner):
 
     def _own_state(self, model: torch.nn.Module) -> dict[str, Tensor]:
         """`model`'s full weights (gathered from the shards), as a single learner's checkpoint."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v for k, v in state.items() if ".lora_" in k} if self.lora else state
 
@@ -185,8 +189,6 @@ class ShardedLearner(Learner):
                 ref.to_local().copy_(param.to_local())
 
     def _load_reference(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
         if self.ref_model is not None and "reference" in state:
             self.roots[id(self.ref_model)].reshard()
             set_model_state_dict(self.ref_model, state["reference"],
@@ -207,8 +209,6 @@ class ShardedLearner(Learner):
                 "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in optim["param_groups"]]}
 
     def load_training_state(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
         missing = {"model", "optimizer", "scheduler", "generator", "version", "global_step"} - set(state)
         if missing:
             raise KeyError(f"training state lacks {sorted(missing)}")
@@ -263,7 +263,7 @@ class LearnerRank:
     def __init__(self, rank: int, world: int, addr: str, port: int, model: Any, cfg: TrainerConfig,
                  temperature: float, reward_cfg: RewardConfig | None, threads: int, gpu: int | None) -> None:
         torch.set_num_threads(threads)
-        set_mmap_threshold(LEARNER_MMAP_THRESHOLD)  # this process only learns (agentrl/heap.py)
+        set_mmap_threshold(LEARNER_MMAP_THRESHOLD)  # this process only learns (agentrl/inference/cpu/memory.py)
         device = init_group(rank, world, port, addr, gpu)
         self.rank = rank
         self.learner = ShardedLearner(model, cfg, temperature, reward_cfg, device)
@@ -297,8 +297,6 @@ class LearnerRank:
         elif cmd == "memory":
             result = shard_bytes(learner)
         elif cmd == "sft_begin":  # the warm start, one optimizer step per "sft_next"
-            from agentrl.sft import sft_steps
-
             self.sft = sft_steps(learner, *arg)
             result = None
         elif cmd == "sft_next":
@@ -343,15 +341,12 @@ class RayLearnerRank:
     @staticmethod
     def address() -> tuple[str, int]:
         """This node's IP and a free port on it: rank 0's are the group's rendezvous."""
-        import ray
+        import ray  # optional: the ray extra, only for learner ranks on Ray
 
         return ray.util.get_node_ip_address(), free_port(host="")
 
     def start(self, rank: int, world: int, addr: str, port: int, model: Any, cfg: TrainerConfig,
               temperature: float, reward_cfg: RewardConfig | None) -> None:
-        from agentrl.config import ModelConfig
-        from agentrl.models import resolve_configured
-
         if isinstance(model, ModelConfig):  # resolved on the rank's own node, as the engines do
             model = resolve_configured(model)
         gpu = 0 if cfg.learner_num_gpus > 0 and torch.cuda.is_available() else None  # Ray's CUDA_VISIBLE_DEVICES
@@ -429,11 +424,9 @@ class _RayRanks:
 
     def __init__(self, model: Any, cfg: TrainerConfig, world: int, temperature: float,
                  reward_cfg: RewardConfig | None, ready_timeout_s: float = 300.0) -> None:
-        import ray
+        import ray  # optional: the ray extra, only for learner ranks on Ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from agentrl.errors import UserError
 
         bundle = {"CPU": cfg.learner_num_cpus, **({"GPU": cfg.learner_num_gpus} if cfg.learner_num_gpus else {})}
 
@@ -463,7 +456,7 @@ class _RayRanks:
                    for rank, a in enumerate(self.actors)])
 
     def _get(self, refs: list[Any]) -> list[Any]:
-        import ray
+        import ray  # optional: the ray extra, only for learner ranks on Ray
 
         try:
             return ray.get(refs)
@@ -472,7 +465,7 @@ class _RayRanks:
             raise RuntimeError(f"learner rank failed: {e}") from None
 
     def call(self, cmd: str, arg: Any) -> list[tuple[Any, int, int]]:
-        import ray
+        import ray  # optional: the ray extra, only for learner ranks on Ray
 
         ref = ray.put(arg)  # one copy in the object store for all ranks
         return self._get([a.handle.remote(cmd, ref) for a in self.actors])
@@ -482,7 +475,7 @@ class _RayRanks:
         return bool(self.actors)
 
     def close(self) -> None:
-        import ray
+        import ray  # optional: the ray extra, only for learner ranks on Ray
         from ray.util.placement_group import remove_placement_group
 
         if not self.actors or not ray.is_initialized():
@@ -558,7 +551,7 @@ class DistributedLearner:
 
     def sft_steps(self, batch: TrainBatch, ws: WarmStartConfig, micro_batch_size: int | None = None
                   ) -> Iterator[dict[str, Any]]:
-        """`agentrl.sft.sft_steps` on every rank, one optimizer step per item (rank 0's metrics);
+        """`agentrl.trainer.sft.sft_steps` on every rank, one optimizer step per item (rank 0's metrics);
         closing it early ends the warm start on the ranks as closing the local one does."""
         self._call("sft_begin", (batch, ws, micro_batch_size))
         try:

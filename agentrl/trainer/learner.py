@@ -29,17 +29,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from agentrl.config import LoRAConfig, RewardConfig, TrainerConfig
-from agentrl.heap import track
-from agentrl.models import autocast_dtype
+from agentrl.inference.cpu.memory import bound_kernel_caches
+from agentrl.models import autocast_dtype, load_model, resolve_model
+from agentrl.phases import track
 from agentrl.trainer.advantages import otb_advantages, supo_advantages
 from agentrl.trainer.batch import TrainBatch, build_batch, micro_batches
 from agentrl.trainer.logprobs import TokenStats, token_logprobs_and_stats
@@ -66,8 +69,6 @@ from agentrl.types import Group, Trajectory
 def _load(model: str | Path | torch.nn.Module, device: str) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model.float().to(device)
-    from agentrl.models import load_model, resolve_model
-
     return load_model(resolve_model(str(model)), dtype="float32", device=device)
 
 
@@ -77,8 +78,6 @@ _DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop"
 def _quiet_bitsandbytes() -> None:
     """bitsandbytes' CPU backend (imported by it and by peft) warns at import that an optional
     4-bit GEMM kernel package is missing; 4-bit GEMMs are not used here."""
-    import logging
-
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
@@ -87,7 +86,7 @@ def inject_lora(model: torch.nn.Module, lora: LoRAConfig, seed: int = 0) -> None
     initial A matrices come from `seed`, not the global RNG: every learner rank (FSDP2 keeps each
     rank's own slice of them) and a rerun start from the same adapters."""
     _quiet_bitsandbytes()
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # after the quieting: peft imports bitsandbytes
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -181,7 +180,7 @@ def make_optimizer(params: list[torch.nn.Parameter], cfg: TrainerConfig) -> torc
     sharded = any(hasattr(p, "to_local") for p in params)
     if cfg.optimizer == "adamw8bit" or (cfg.optimizer == "auto" and not sharded):
         _quiet_bitsandbytes()
-        import bitsandbytes as bnb
+        import bitsandbytes as bnb  # after the quieting, which must precede its import
 
         return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     fused = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point()
@@ -207,6 +206,8 @@ class Learner:
                              f"trainer.micro_batch_tokens >= 0, got {cfg.minibatches}, {cfg.micro_batch_size} "
                              f"and {cfg.micro_batch_tokens}")
         self.cfg, self.temperature, self.reward_cfg, self.device = cfg, temperature, reward_cfg, device
+        if torch.device(device).type == "cpu":
+            bound_kernel_caches()  # before this process's first bf16 kernel (inference/cpu/memory.py)
         self.dtype = autocast_dtype(cfg.dtype, device)  # the forward's autocast dtype ("auto" resolved)
         self.model = _load(model, device)
         self.lora = cfg.lora.rank > 0
@@ -544,8 +545,6 @@ class Learner:
     def _all_reduce(self, t: Tensor) -> Tensor:
         """Sum over the learner ranks (identity for one process)."""
         if self.world > 1:
-            import torch.distributed as dist
-
             dist.all_reduce(t)
         return t
 

@@ -32,10 +32,10 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from agentrl.config import load_config  # noqa: E402
+from agentrl.env_builder import make_env  # noqa: E402
 from agentrl.laminar.cluster import RemoteEngine, loop_runtime, ray_session  # noqa: E402
 from agentrl.laminar.loop import build_system, shutdown, train  # noqa: E402
 from agentrl.models import resolve_configured  # noqa: E402
-from agentrl.run import make_env  # noqa: E402
 from agentrl.sandboxes.ray_pool import ACTOR_PREFIX  # noqa: E402
 from agentrl.trainer.distributed import make_learner  # noqa: E402
 

@@ -17,10 +17,10 @@ from agentrl.inference.base import SamplingParams
 from agentrl.laminar.loop import push_weights
 from agentrl.laminar.relay import Relay, RelayChain
 from agentrl.models import load_tokenizer, resolve_model
-from agentrl.sft import sft_train
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.trainer.distributed import DistributedLearner, make_learner
 from agentrl.trainer.learner import Learner
+from agentrl.trainer.sft import sft_train
 
 from .conftest import VOCAB, tiny_llama
 from .helpers import random_groups

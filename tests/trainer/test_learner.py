@@ -257,8 +257,8 @@ def test_replay_adds_the_scaled_sft_gradient_of_the_warm_start_sequences():
     """trainer.warm_start.replay_coef (PPO-ptx): an RL update's gradient gains γ · ∇ of the SFT loss
     (mean NLL of the policy tokens, temperature 1) of the replayed rows, and repeated steps with it
     pull the policy toward those sequences where steps without it do not."""
-    from agentrl.sft import sft_batch
     from agentrl.trainer.losses import sft_loss
+    from agentrl.trainer.sft import sft_batch
 
     demos = [t for g in random_groups(2, 2, VOCAB, seed=9) for t in g.trajectories]
     replay = sft_batch(demos)
@@ -346,7 +346,7 @@ def test_activation_checkpointing_saves_less_for_backward_and_trains_the_same():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_warm_start_forward_runs_under_trainer_dtype_like_the_rl_forward(dtype: str) -> None:
     from agentrl.config import WarmStartConfig
-    from agentrl.sft import sft_train
+    from agentrl.trainer.sft import sft_train
 
     learner = Learner(tiny_llama(0), TrainerConfig(dtype=dtype))
     seen: list[torch.dtype | None] = []
@@ -363,10 +363,10 @@ def test_the_warm_start_maps_its_tensors_at_the_configured_threshold(monkeypatch
     import contextlib
 
     from agentrl.config import WarmStartConfig
-    from agentrl.sft import sft_train
+    from agentrl.trainer.sft import sft_train
 
     thresholds: list[int] = []
-    monkeypatch.setattr("agentrl.sft.mapped_tensors",
+    monkeypatch.setattr("agentrl.trainer.sft.mapped_tensors",
                         lambda threshold: thresholds.append(threshold) or contextlib.nullcontext())
     learner = Learner(tiny_llama(0), TrainerConfig())
     trajs = [t for g in random_groups(1, 2, VOCAB) for t in g.trajectories]
@@ -436,7 +436,7 @@ def test_adamw8bit_keeps_8bit_moments_follows_adamw_and_resumes_exactly():
 
 
 def test_adamw8bit_learner_steps_and_its_warm_start_clears_the_moments():
-    from agentrl.sft import sft_steps
+    from agentrl.trainer.sft import sft_steps
 
     cfg = load_config(overrides=["trainer.dtype=float32", "trainer.optimizer=adamw8bit"]).trainer
     learner = Learner(tiny_llama(), cfg)
@@ -447,7 +447,7 @@ def test_adamw8bit_learner_steps_and_its_warm_start_clears_the_moments():
     m = learner.step(groups)
     assert learner.version == 1 and math.isfinite(m["loss"]) and (params(learner.model) - before).abs().max() > 0
     assert learner.optimizer.state  # moments exist after a step
-    from agentrl.sft import sft_batch
+    from agentrl.trainer.sft import sft_batch
 
     batch = sft_batch([t for g in groups for t in g.trajectories])
     rows = list(sft_steps(learner, batch, cfg.warm_start))

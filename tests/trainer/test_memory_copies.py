@@ -146,7 +146,7 @@ async def test_engine_shares_the_first_push_and_holds_no_weights_of_its_own(cfg,
 
 
 async def test_eval_engine_keeps_no_kv_after_an_evaluation(tmp_path, learner):
-    from agentrl.run import make_env
+    from agentrl.env_builder import make_env
     from agentrl.sandboxes import make_pool
     from agentrl.stages import Stages
 

@@ -14,7 +14,7 @@ Gradients agree to fp32 rounding (a group's contributions are summed in another 
 rollout engine keep computing log-probs the same way.
 
 A bf16 decode step (one query per row, the engine under the trainer's bf16 autocast) goes where
-it is fastest on this CPU (`HALF_PRECISION_FLASH`). With AMX tiles, torch's CPU flash kernel packs
+it is fastest on this CPU (`half_precision_flash`). With AMX tiles, torch's CPU flash kernel packs
 its half-precision blocks for them and wins: 1.5-6.6x faster than the grouped matmuls below (1-16
 rows x 1-16 queries over 100-3000 keys, one thread, a 2-core Xeon with AMX, stop 41). Without
 AMX, the same kernel runs a one-token bf16 query 10x slower than fp32 (12.3 vs 1.1 ms for 16 rows x
@@ -25,6 +25,7 @@ takes it: two batched matmuls with the query heads of a group stacked as rows, 0
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,13 +42,13 @@ RAGGED = "ragged_parts"  # the forward kwarg that carries a ragged pass's parts 
 MAX_GROUPED_QUERIES = 16
 
 
-def _has_amx_tiles() -> bool:
+@functools.cache
+def half_precision_flash() -> bool:
+    """Whether a low-precision decode step takes torch's flash kernel (True: the CPU has AMX tiles)
+    or `grouped_decode_attention` (every other CPU: AVX2, AVX-512, ARM). Asked at the first such
+    step, not at import."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private in torch 2.13; absent: assume none
     return bool(probe()) if probe is not None else False
-
-
-# Whether a low-precision decode step takes torch's flash kernel (True) or `grouped_decode_attention`.
-HALF_PRECISION_FLASH = _has_amx_tiles()
 
 
 def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -68,7 +69,7 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     short = query.shape[2] == 1 or (query.shape[2] <= MAX_GROUPED_QUERIES and attention_mask is not None)
     if grouped and short and dropout == 0.0 and (low := _low_precision(query)) is not None:
         q, k, v = (t.to(low) for t in (query, key, value))  # what autocast would hand torch's kernel
-        if not HALF_PRECISION_FLASH:
+        if not half_precision_flash():
             return grouped_decode_attention(q, k, v, attention_mask, scaling), None
         return flash_decode_attention(q, k, v, attention_mask, scaling), None
     if not grouped or attention_mask is None:

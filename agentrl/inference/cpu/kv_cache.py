@@ -9,10 +9,13 @@ row over the 30 layers in fp32), reallocated when used up, so a copy happens onc
 instead of every step. The engine's batch edits keep it so: a finished row leaves in place, the
 padding every row has is dropped as a view, and merged rows get spare columns (stop 43: copies of
 the whole cache 13.3% -> 7.0% of the engine's forward time on the rollout benchmark).
+
+`PrefixStore` keeps finished rows' KV for the next turn's prompt (`engine.prefix_cache_mb`).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -172,3 +175,75 @@ def growing_cache(config: Any) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() for _ in cache.layers]
     return cache
+
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, heads, tokens, dim)
+Hit = tuple[int, KV | None, int | None]  # tokens reused, their KV, the store entry they came from
+
+
+class PrefixStore:
+    """Finished rows' KV keyed by their token ids, least recently used evicted past `budget`
+    bytes. A lookup returns the longest common prefix with any entry (SUPO's rollback and a
+    group's shared task prompt match part of an entry; a next turn matches all of one)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self._entries: OrderedDict[int, tuple[list[int], KV, int]] = OrderedDict()
+        self._next = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def put(self, tokens: list[int], kv: KV) -> None:
+        size = sum(k.nelement() * k.element_size() * 2 for k, _ in kv)
+        if size > self.budget:
+            return
+        while self._entries and self.bytes + size > self.budget:
+            self._remove(next(iter(self._entries)))
+        self._entries[self._next] = (tokens, kv, size)
+        self._next += 1
+        self.bytes += size
+
+    def lookup(self, prompt: list[int]) -> Hit:
+        """The longest kept prefix of `prompt`, at most len(prompt) - 1 tokens (the last prompt
+        token must be computed to get the next token's logits)."""
+        best, best_key = 0, None
+        for key, (tokens, _, _) in self._entries.items():
+            n = common_prefix(tokens, prompt, len(prompt) - 1)
+            if n > best:
+                best, best_key = n, key
+        if best_key is None:
+            return 0, None, None
+        self._entries.move_to_end(best_key)
+        tokens, kv, _ = self._entries[best_key]
+        if best < len(tokens):
+            kv = [(k[..., :best, :], v[..., :best, :]) for k, v in kv]
+        return best, kv, best_key
+
+    def drop_consumed(self, hits: list[Hit]) -> None:
+        """Forget entries some request extends whole: that request's own entry will supersede them."""
+        for n, _, key in hits:
+            if key in self._entries and n == len(self._entries[key][0]):
+                self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.bytes -= self._entries.pop(key)[2]
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of a and b, at most `limit` (slice compares run in C)."""
+    n = min(len(a), len(b), limit)
+    if n <= 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
