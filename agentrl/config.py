@@ -152,6 +152,10 @@ class WarmStartConfig:
 
     enabled: bool = False
     data: str | None = None  # a JSONL of trajectories (a run's trajectories.jsonl); None: env demonstrations
+    # "demonstrations" (the env's demonstrate(), or `data`) or "rft": the current policy's own episodes
+    # that reach the env's best reward, rft_samples per train task (agentrl/rft.py), for any env
+    source: str = "demonstrations"
+    rft_samples: int = 4
     min_reward: float | None = 1.0  # data: keep trajectories with reward >= this (None: all)
     tasks: int = 32  # train tasks demonstrated
     per_task: int = 2  # demonstration variants per task (seeds 0..per_task-1)
@@ -529,6 +533,11 @@ def validate(cfg: Config) -> None:
         (cfg.trainer.warm_start.replay_coef == 0 or cfg.trainer.warm_start.enabled,
          "trainer.warm_start.replay_coef replays the warm start's data: set trainer.warm_start.enabled=true "
          "or replay_coef=0"),
+        (cfg.trainer.warm_start.source in ("demonstrations", "rft"),
+         f"trainer.warm_start.source must be demonstrations or rft, got {cfg.trainer.warm_start.source!r}"),
+        (cfg.trainer.warm_start.source != "rft" or cfg.trainer.warm_start.data is None,
+         "trainer.warm_start.source=rft samples its own episodes: unset trainer.warm_start.data"),
+        (cfg.trainer.warm_start.rft_samples >= 1, "trainer.warm_start.rft_samples must be >= 1"),
         (cfg.trainer.warm_start.replay_coef == 0 or cfg.trainer.num_learners == 1,
          "trainer.warm_start.replay_coef runs on one learner process: set trainer.num_learners=1 or replay_coef=0"),
         (cfg.eval.every >= 0 and cfg.eval.n >= 1, "eval.every must be >= 0 and eval.n >= 1"),
