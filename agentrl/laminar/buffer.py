@@ -76,6 +76,11 @@ class ExperienceBuffer:
         self._pending: dict[str, dict[str, Trajectory]] = {}  # group id -> trajectory id -> traj
         self._sizes: dict[str, int] = {}
         self._ready: list[Group] = []
+        # A trajectory's version is read once, when it is written: `Trajectory.version` scans
+        # every token, and a 16K-token trajectory read five times (the group check, staleness
+        # tags and bounds) cost more than the rest of the controller's work on it.
+        self._traj_version: dict[str, int | None] = {}  # pending trajectory id -> its version
+        self._group_version: dict[str, int | None] = {}  # ready group id -> its version
         self._closed: set[str] = set()  # group ids that completed or were dropped
         self._cond = asyncio.Condition()
         self.counts: Counter[str] = Counter()
@@ -96,13 +101,14 @@ class ExperienceBuffer:
         Tags `finished_version` with the trainer's current version if the writer did not."""
         if traj.finished_version is None:
             traj.finished_version = self.version
-        traj.version  # noqa: B018 — raises if the trajectory itself mixes versions
+        version = traj.version  # raises if the trajectory itself mixes versions
         if traj.group_id in self._closed:
             raise ValueError(f"trajectory {traj.id}: group {traj.group_id} is already complete or dropped")
         members = self._pending.setdefault(traj.group_id, {})
         if traj.id in members:
             raise ValueError(f"trajectory {traj.id} of group {traj.group_id} written twice")
         members[traj.id] = traj
+        self._traj_version[traj.id] = version
         self.counts["trajectories_written"] += 1
         size = self._sizes.get(traj.group_id, self.group_size)
         if len(members) < size:
@@ -111,12 +117,12 @@ class ExperienceBuffer:
         self._sizes.pop(traj.group_id, None)
         self._closed.add(traj.group_id)
         group = Group(id=traj.group_id, task_id=traj.task_id, trajectories=list(members.values()))
-        try:
-            group.version  # noqa: B018
-        except ValueError as e:
+        versions = {self._traj_version.pop(t) for t in members} - {None}
+        if len(versions) > 1:  # as Group.version says it
             self.counts["groups_rejected_mixed"] += 1
-            raise GroupVersionError(str(e)) from None
+            raise GroupVersionError(f"group {group.id} mixes weight versions {sorted(versions)}")
         async with self._cond:
+            self._group_version[group.id] = next(iter(versions), None)
             self._ready.append(group)
             self.counts["groups_written"] += 1
             self._enforce_bounds()
@@ -127,6 +133,8 @@ class ExperienceBuffer:
         """Discard the finished members of an unfinished group (its rest was lost in a fault
         and will be regenerated with a new version); returns how many were dropped."""
         members = self._pending.pop(group_id, {})
+        for t in members:
+            self._traj_version.pop(t, None)
         self._sizes.pop(group_id, None)
         self._closed.add(group_id)
         self.counts["trajectories_dropped"] += len(members)
@@ -160,10 +168,12 @@ class ExperienceBuffer:
             for i in sorted(idx, reverse=True):
                 del self._ready[i]
         for g in taken:
+            version = self.version_of(g)
+            self._group_version.pop(g.id, None)
             for t in g.trajectories:
                 t.consumed_version = self.version
-                if t.staleness is not None:
-                    self.staleness_hist[t.staleness] += 1
+                if version is not None and t.finished_version is not None:  # Trajectory.staleness
+                    self.staleness_hist[t.finished_version - version] += 1
         self.counts["groups_consumed"] += len(taken)
         self.counts["trajectories_consumed"] += sum(len(g.trajectories) for g in taken)
         return taken
@@ -175,7 +185,7 @@ class ExperienceBuffer:
         if self.max_staleness is not None:
             keep = []
             for g in self._ready:
-                v = g.version
+                v = self.version_of(g)
                 if v is not None and self.version - v > self.max_staleness:
                     self._drop(g, "groups_evicted_stale")
                 else:
@@ -184,7 +194,14 @@ class ExperienceBuffer:
         while len(self._ready) > self.capacity:
             self._drop(self._ready.pop(self._evict(self._ready)), "groups_evicted_full")
 
+    def version_of(self, g: Group) -> int | None:
+        """A ready group's weight version (`Group.version`, read when its last member was written)."""
+        if g.id in self._group_version:  # (not .get: its default, Group.version, would be computed)
+            return self._group_version[g.id]
+        return g.version
+
     def _drop(self, g: Group, reason: str) -> None:
+        self._group_version.pop(g.id, None)
         self.counts[reason] += 1
         self.counts["trajectories_evicted"] += len(g.trajectories)
         self.evicted_ids.append(g.id)
@@ -213,6 +230,8 @@ class ExperienceBuffer:
         self._ready = [Group.from_dict(g) for g in state["ready"]]
         self._pending = {gid: {t["id"]: Trajectory.from_dict(t) for t in ts}
                          for gid, ts in state["pending"].items()}
+        self._traj_version = {t.id: t.version for m in self._pending.values() for t in m.values()}
+        self._group_version = {g.id: g.version for g in self._ready}
         self._sizes = dict(state["sizes"])
         self._closed = set(state["closed"])
         rng = state["rng"]

@@ -127,7 +127,8 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     nodes: list[str] = rt.nodes() if rt.kind == "ray" else []  # type: ignore[attr-defined]
     if nodes:  # one relay per node, pinned there; workers fetch from their own node's
         relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
-                           name=f"relay{i}", resources=Resources(node=node)) for i, node in enumerate(nodes)]
+                           object_store=True, name=f"relay{i}", resources=Resources(node=node))
+                  for i, node in enumerate(nodes)]
     else:
         n_relays = max(1, min(lam.num_relays, len(engines)))
         relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
@@ -482,12 +483,14 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
             await release_through(step + 2)
         await system.manager.trigger()
         trajs = [t for g in groups for t in g.trajectories if not t.demonstrated]  # the policy's own
-        stale = [t.staleness for t in trajs if t.staleness is not None]
+        versions = [group_version(g) for g in groups]
+        stale = [t.finished_version - gv for g, gv in zip(groups, versions) if gv is not None
+                 for t in g.trajectories if not t.demonstrated and t.finished_version is not None]
         rec = {"step": step, "version": v, "backend": backend, "trainer_wait_s": wait_s,
                "learn_s": learn_s, "push_stall_s": stall_s, "push_copy_s": push_copy_s,
                "pushed_at": pushed_at, "state_dict_s": t3 - t2,
                "weight_sync_s": sync_s, "groups": len(groups), "trajectories": len(trajs),
-               "group_versions": [g.version for g in groups],
+               "group_versions": versions,
                "staleness_mean": sum(stale) / len(stale) if stale else 0.0,
                "staleness_max": max(stale, default=0),
                "reward_mean": sum(t.reward for t in trajs) / max(1, len(trajs)),
@@ -499,6 +502,14 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
             if asyncio.iscoroutine(out):
                 await out
     return await summarize(system, records)
+
+
+def group_version(group: Group) -> int | None:
+    """The weight version of a group from the buffer, read off one policy-generated member: the
+    buffer admits only groups of one version, and `Trajectory.version` scans every token, so
+    reading it off each member (`Group.version`) costs G times as much."""
+    own = next((t for t in group.trajectories if not t.demonstrated and t.version is not None), None)
+    return own.version if own is not None else None
 
 
 async def summarize(system: LaminarSystem, records: list[dict[str, Any]]) -> dict[str, Any]:

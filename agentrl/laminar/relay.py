@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,13 +164,36 @@ def unflatten(specs: tuple[TensorSpec, ...], flat: torch.Tensor) -> dict[str, to
             for s in specs}
 
 
-@dataclass
 class WeightSnapshot:
-    """One complete version of the weights, as held by a relay."""
+    """One complete version of the weights, as held by a relay. On Ray (`Relay(object_store=True)`)
+    its bytes live in the node's object store once (`stored` is their reference): a worker that
+    fetches it receives the reference, not the bytes, and maps that one copy (`resolve`), so a push
+    leaves one copy per node however many workers pull it."""
 
-    version: int
-    specs: tuple[TensorSpec, ...]
-    flat: torch.Tensor
+    def __init__(self, version: int, specs: tuple[TensorSpec, ...], flat: torch.Tensor | None,
+                 stored: Any = None) -> None:
+        self.version = version
+        self.specs = specs
+        self._flat = flat
+        self.stored = stored
+
+    @property
+    def flat(self) -> torch.Tensor:
+        if self._flat is None:
+            raise RuntimeError("a stored snapshot's bytes are mapped by `await snapshot.resolve()` first")
+        return self._flat
+
+    async def resolve(self) -> WeightSnapshot:
+        """Map the bytes of a snapshot that arrived as an object-store reference (zero-copy on its
+        node, read-only); a no-op for one that holds its bytes."""
+        if self._flat is None:
+            self._flat = read_only_tensor(await self.stored)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # to another process: a stored snapshot travels as its reference, never as its bytes
+        return (WeightSnapshot, (self.version, self.specs, None if self.stored is not None else self._flat,
+                                 self.stored))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Views of this version's buffer, which is never written again once complete."""
@@ -178,6 +202,21 @@ class WeightSnapshot:
     @property
     def nbytes(self) -> int:
         return self.flat.numel()
+
+
+def read_only_tensor(array: np.ndarray) -> torch.Tensor:
+    """A uint8 tensor over a read-only buffer (the object store's copy): nothing writes a
+    complete version again (`ReadOnlyWeights`), so torch's warning about it is moot here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def put_in_object_store(flat: torch.Tensor) -> Any:
+    """Copy a complete version into this node's Ray object store once; its reference."""
+    import ray  # optional dependency: only relays spawned on the Ray runtime get here
+
+    return ray.put(flat.numpy())
 
 
 def checksum(flat: torch.Tensor) -> str:
@@ -210,12 +249,15 @@ class Relay:
     """
 
     def __init__(self, relay_id: str, chunk_bytes: int = 16 * 1024 * 1024,
-                 hop_delay_s: float = 0.0) -> None:
+                 hop_delay_s: float = 0.0, object_store: bool = False) -> None:
+        """`object_store` (a relay actor on Ray): every complete version moves into the node's
+        object store, the one copy its workers map (`WeightSnapshot.resolve`)."""
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
         self.id = relay_id
         self.chunk_bytes = chunk_bytes
         self.hop_delay_s = hop_delay_s  # simulated per-chunk start-up cost T_start (tests, benches)
+        self.object_store = object_store
         self._complete: WeightSnapshot | None = None
         self._incoming: dict[int, _Incoming] = {}
         self._streaming: tuple[int, tuple[TensorSpec, ...], torch.Tensor, float] | None = None  # begin_push
@@ -342,11 +384,18 @@ class Relay:
             await self._finish(version)
 
     async def _finish(self, version: int) -> None:
-        inc = self._incoming.pop(version)
+        inc = self._incoming[version]
+        newer = self._complete is None or version > self._complete.version
+        flat, stored = inc.flat, None
+        if newer and self.object_store:  # off the event loop: one memcpy of the whole version
+            stored = await asyncio.to_thread(put_in_object_store, inc.flat)
+            flat = read_only_tensor(await stored)  # the store's copy, mapped: what this relay serves
+        # (the receive buffer is served until here: a chunk forwarded meanwhile still finds it)
+        self._incoming.pop(version, None)
         for v in [v for v in self._incoming if v < version]:  # superseded partial versions
             del self._incoming[v]
-        if self._complete is None or version > self._complete.version:
-            self._complete = WeightSnapshot(version, inc.specs, inc.flat)
+        if newer and (self._complete is None or version > self._complete.version):
+            self._complete = WeightSnapshot(version, inc.specs, flat, stored)
             self.stats["received_versions"].append(version)
             self.stats["broadcast_s"][version] = time.perf_counter() - inc.started
             self.stats["completed_at"][version] = time.perf_counter()

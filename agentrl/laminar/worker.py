@@ -247,6 +247,7 @@ class RolloutWorker:
             t0 = time.perf_counter()
             snap = await self.relay.fetch_latest(self.version, self.fetch_policy)
             if snap is not None:
+                await snap.resolve()  # on Ray: map the node's one copy in the object store
                 await self.engine.load_weights(snap.state_dict(), snap.version)
                 self.stats["pulls"].append((snap.version, time.perf_counter() - t0))
                 self.stats["versions"].append(snap.version)
