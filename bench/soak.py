@@ -73,7 +73,9 @@ FAULT_CODE = {
 WORK = ("open('mod.py', 'w').write('def f(n):\\n    return sum(i * i for i in range(n))\\n')\n"
         "import mod\nprint(mod.f(1000))\n")
 WORK_OUTPUT = str(sum(i * i for i in range(1000)))
-LIMITS = {"memory_mb": 256, "disk_mb": 64, "pids": 64, "timeout_s": 10.0}  # small, so faults hit fast
+# small, so that faults hit fast: a memory bomb must fault in memory_mb + disk_mb of pages before the
+# timeout, on a 2-core machine shared by 16 sandboxes and more
+LIMITS = {"memory_mb": 128, "disk_mb": 32, "pids": 64, "timeout_s": 10.0}
 TOOL_TIMEOUT_S = 10.0  # room for a memory bomb to reach the limit on a loaded machine
 EPISODE_TIMEOUT_S = 180.0  # an episode past this is ended and counted as `episode_timeout`
 ENGINE_PING_S, ENGINE_MISSES = 5.0, 3  # the Docker engine watchdog: a ping every 5 s, 3 misses end the run
