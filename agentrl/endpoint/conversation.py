@@ -116,8 +116,12 @@ class Completion:
 class Conversation:
     """One episode's requests: prompt ids that extend earlier samples where the template allows."""
 
-    def __init__(self, chat: ChatTokens, parser: Parser) -> None:
+    def __init__(self, chat: ChatTokens, parser: Parser, compare_renderings: bool = True) -> None:
         self.chat, self.parser = chat, parser
+        # As the rollout engine: a template that passed its start-up check (verify_append_only) is
+        # trusted to append, its deltas raising HistoryRewrite where it rewrote; any other has each
+        # extended prompt compared with its whole rendering.
+        self.compare_renderings = compare_renderings
         self.native_tools = "tools" in str(getattr(chat.tokenizer, "chat_template", "") or "")
         self._returned: dict[str, str] = {}  # assistant message key → the exact text the policy sampled
         self._history: list[tuple[list[Message], dict[str, Any], Sample]] = []  # (context, template kwargs, sample)
@@ -197,7 +201,9 @@ class Conversation:
                    + chat.append_messages(previous, new) + chat.generation_prompt(context))
         except ChatTemplateError:
             return None
-        return ids if chat.decode(ids) == chat.render(context, generation_prompt=True) else None
+        if self.compare_renderings and chat.decode(ids) != chat.render(context, generation_prompt=True):
+            return None
+        return ids
 
     # -- sample → what the program reads --------------------------------------------------------
 

@@ -103,7 +103,7 @@ class PolicyEndpoint:
     def __init__(self, engine: InferenceEngine, tokenizer: Any, *, model_name: str = "policy",
                  max_context_tokens: int = 4096, sampling: SamplingParams | None = None,
                  eos_token_ids: list[int] | None = None, require_key: bool = True,
-                 pin_sampling: bool = False, port: int = 0) -> None:
+                 pin_sampling: bool = False, port: int = 0, compare_renderings: bool = True) -> None:
         self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
         self.max_context_tokens = max_context_tokens
         self.sampling = sampling or SamplingParams()
@@ -112,6 +112,7 @@ class PolicyEndpoint:
             eos = [tokenizer.eos_token_id, *sorted(set(getattr(engine, "eos_ids", ())) - {tokenizer.eos_token_id})]
         self.chat = ChatTokens(tokenizer, eos)
         self.require_key, self.pin_sampling, self.port = require_key, pin_sampling, port
+        self.compare_renderings = compare_renderings  # False: the template passed verify_append_only
         self.episodes: dict[str, Episode] = {}
         self._server: _LoopbackServer | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -161,7 +162,8 @@ class PolicyEndpoint:
                      on_sample: Callable[[Sample], Any] | None = None) -> Episode:
         key = f"ep-{secrets.token_urlsafe(18)}"
         episode = Episode(key, f"http://{HOST}:{self.port}/episodes/{key}/v1",
-                          Conversation(self.chat, get_parser(parser)), seed=seed, max_requests=max_requests,
+                          Conversation(self.chat, get_parser(parser), self.compare_renderings), seed=seed,
+                          max_requests=max_requests,
                           on_sample=on_sample, _registry=self.episodes)
         self.episodes[key] = episode
         return episode

@@ -30,6 +30,7 @@ def agentrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
                           timeout=timeout)
 
 
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 @pytest.mark.parametrize("program", ["ToolLoopAgent", "AgentsSDKAgent"])
 def test_an_agent_program_trains_two_steps(tmp_path: Path, program: str) -> None:
     out = agentrl("train", "--env", f"{PROGRAMS}:{program}", "trainer.steps=2", "trainer.checkpoint_every=1",

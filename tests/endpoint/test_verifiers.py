@@ -31,6 +31,7 @@ def test_env_check_passes_on_a_verifiers_environment(tmp_path: Path) -> None:
     assert "OK:" in out.stdout and "FAIL" not in out.stdout
 
 
+@pytest.mark.timeout(1500)  # minutes on an idle 2-core CPU (the model trains); a loaded one takes several times that
 def test_a_verifiers_environment_trains_two_steps_with_its_rubric_as_reward(tmp_path: Path) -> None:
     out = agentrl("train", "--env", "verifiers:vf_addition", "trainer.steps=2", f"run.dir={tmp_path}", "run.name=vf",
                   "trainer.batch_groups=1", "rollout.group_size=2", "rollout.concurrency=2", "sampling.max_tokens=8",
