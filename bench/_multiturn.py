@@ -1,5 +1,7 @@
 """`bench/learning.py --multi-turn --env {search,code,swe}`: does an agent get better at a
-multi-turn tool task? (issue 13)
+multi-turn tool task? (issue 13) A foreign env works the same (issue 53, docs/interop.md):
+`--env reasoning_gym:chain_sum` warm-starts on its demonstrations, `--env textarena:GuessTheNumber-v0`
+(no demonstrations) on the policy's own best episodes (trainer.warm_start.source=rft).
 
 Per env, one `agentrl train` run on the env's default config (configs/<env>.yaml: warm start on
 demonstrations of the train split, then RL) with held-out evaluation on the test split at base,
@@ -35,6 +37,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -129,6 +132,7 @@ def trl_sft_ratio(run_dir: Path, agentrl_tokens_per_s: float | None, dtype: str)
 def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], keep: Path | None,
             compare_trl: bool = True, heldout_samples: int = 1) -> dict[str, Any]:
     from agentrl.config import load_config
+    from agentrl.env import env_class_demonstrates
     from agentrl.evaluate import rl_gain
     from agentrl.run import prepare_run, train
     from agentrl.trainer.learner import autocast_dtype
@@ -137,10 +141,14 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
         sampling_t = load_config(env=env, overrides=overrides).sampling.temperature
         overrides = [f"eval.samples={heldout_samples}", f"eval.temperature={sampling_t}", *overrides]
     load_before = load_average()
-    with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-mt-{env}-") as tmp:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", env)  # a foreign env's name holds ':' and '+'
+    # an env without demonstrations warm-starts on the policy's own best episodes (agentrl/rft.py)
+    source = [] if env_class_demonstrates(env) else ["trainer.warm_start.source=rft"]
+    with tempfile.TemporaryDirectory(prefix=f"agentrl-bench-mt-{slug}-") as tmp:
         root = keep or Path(tmp)
-        extra = [f"run.dir={root}", f"run.name={env}", "run.quiet=true", "eval.enabled=true", f"eval.n={heldout_n}",
-                 "trainer.warm_start.enabled=true", *([f"trainer.steps={steps}"] if steps else []), *overrides]
+        extra = [f"run.dir={root}", f"run.name={slug}", "run.quiet=true", "eval.enabled=true", f"eval.n={heldout_n}",
+                 "trainer.warm_start.enabled=true", *source, *([f"trainer.steps={steps}"] if steps else []),
+                 *overrides]
         plan = prepare_run(env, overrides=extra)
         t0 = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):  # the run's closing lines; stdout is the JSON lines
@@ -204,7 +212,8 @@ def main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="bench/learning.py --multi-turn", description=__doc__.split("\n")[0])
     ap.add_argument("--multi-turn", action="store_true")
-    ap.add_argument("--env", default="search,code,swe", help="comma-separated envs")
+    ap.add_argument("--env", default="search,code,swe",
+                    help="comma-separated envs: built-in names or foreign ones (reasoning_gym:NAME, textarena:GAME)")
     ap.add_argument("--heldout-n", type=int, default=100)
     ap.add_argument("--heldout-samples", type=int, default=1,
                     help="episodes per held-out task at the sampling temperature (avg@K; 1: one greedy episode)")

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/learning.py [--quick] [--budget-s S] [--systems global-async,sync,laminar,trl] [--out DIR]
     .venv/bin/python bench/learning.py --multi-turn --env search,code,swe [--heldout-n N] [--heldout-samples K] [--steps N]
+    .venv/bin/python bench/learning.py --multi-turn --env reasoning_gym:chain_sum,textarena:GuessTheNumber-v0
 
 Same task, same model (the embedded SmolLM2-135M-Instruct, fp32), same wall-clock budget on this
 CPU, run one system after the other:
