@@ -166,6 +166,12 @@ class Params:
     rpc_s: float = _p(0.36, "fitted: the fixed part of one repack move (export, RPCs, import, release) that the "
                       "destination loses besides its re-prefill, from §8.4's measured 0.69 s per move (the model's "
                       "re-prefill stall averages ~0.33 s there); was an assumed 0.01 s")
+    # -- agentrl's own controller, measured (bench/controller.py: the real components, modelled GPUs) --
+    controller_cpu_s_per_traj: float = _p(0.0007, "measured: bench/controller.py's controller CPU (relay, "
+                                          "manager, buffer, pools, loop) per trajectory, 0.54 ms at 64 workers "
+                                          "plus the buffer's one version read of a 4.2K-token trajectory (0.14 ms)")
+    repack_decision_s: float = _p(0.004, "measured: bench/controller.py's repack decision p99 (1.0-4.3 ms at "
+                                  "64 workers), paid by every move of the round before it starts")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
     gpu_mem_util_colocated: float = _p(0.50, "verl default rollout.gpu_memory_utilization (colocated)")
@@ -1147,10 +1153,10 @@ class Laminar(Continuous):
                 moved = s.take_all()
                 if not moved:
                     continue
-                d.stall(self.p.rpc_s)
+                d.stall(self.p.rpc_s + self.p.repack_decision_s)
                 before = d.stall_until
                 d.add(moved, front=True)
-                self.move_costs.append(self.p.rpc_s + d.stall_until - before)  # what the destination lost
+                self.move_costs.append(self.p.rpc_s + self.p.repack_decision_s + d.stall_until - before)
                 self.trajs_per_move.append(len(moved))
                 self.repacked.update(x.id for x in moved)
                 self.counters["repack_moves"] += 1
@@ -1165,6 +1171,10 @@ class Laminar(Continuous):
             out.setdefault(k, 0)  # counters are absent until they count
         out["relay_broadcast_s"] = self.broadcast_s()
         out["relays"] = self.relays()
+        # the one controller process's share of a core at this completion rate (agentrl's measured
+        # cost per trajectory): above 1 it, not the GPUs, would bound the run
+        trajectories_per_s = self.p.prompts * self.p.group / out["iteration_s"]
+        out["controller_cores"] = trajectories_per_s * self.p.controller_cpu_s_per_traj
         return out
 
 
