@@ -8,7 +8,7 @@ ENV ?= search
 ARGS ?=
 VENV ?= .venv
 
-.PHONY: setup train test test-gpu bench lint
+.PHONY: setup train test test-gpu bench lint lint-imports
 
 setup:
 	@scripts/system_deps.sh
@@ -31,3 +31,9 @@ bench: setup
 
 lint:
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python scripts/lint_imports.py
+
+# The import contracts alone (pyproject.toml [tool.importlinter]), on the test venv: CI runs it first
+lint-imports:
+	@AGENTRL_VENV=$(VENV) scripts/setup.sh --test
+	$(VENV)/bin/python scripts/lint_imports.py
