@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.rft import best_episodes
 from agentrl.types import Segment, Status, Trajectory
-from tests.support.interop import TINY, one_error_line, run_cli
+from tests.support.interop import TINY, jsonl, one_error_line, run_cli
 
 # A TRL-style env without demonstrations whose reward the base model reaches about half the time:
 # a final reply of an even number of characters (any text will do, so sampling finds some).
@@ -87,10 +87,9 @@ def test_rft_warm_start_trains_on_the_policys_best_episodes_then_rl(env_dir: Pat
     assert heldout == {"trl/rows/4", "trl/rows/9"}  # every fifth row is held out
     assert warm_ids and not warm_ids & heldout  # the leak check: sampled on train tasks only
     assert warm_ids <= {f"trl/rows/{i}" for i in (0, 1, 2, 3, 5, 6)}  # the first warm_start.tasks=6 train tasks
-    sft_rows = [json.loads(x) for x in (run / "warm_start.jsonl").read_text().splitlines()]
+    sft_rows = jsonl(run / "warm_start.jsonl")
     assert sft_rows and all(r["stage"] == "sft" and r["policy_tokens"] > 0 for r in sft_rows)
-    assert [json.loads(x)["phase"] for x in (run / "eval.jsonl").read_text().splitlines()] == \
-        ["base", "warm_start", "final"]
+    assert [e["phase"] for e in jsonl(run / "eval.jsonl")] == ["base", "warm_start", "final"]
     log = (run / "train.log").read_text()
     kept, sampled = map(int, log.split("rft warm start: kept ")[1].split(" sampled")[0].split(" of "))
     assert sampled == 24 and 0 < kept < sampled  # only the episodes at the best reward are kept

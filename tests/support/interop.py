@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 # The smallest training run that still goes through every box (tests/test_train_e2e.py's budget).
 TINY = ["trainer.batch_groups=1", "rollout.group_size=2", "rollout.concurrency=2", "sampling.max_tokens=24",
@@ -38,3 +40,8 @@ def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     return lines[0]
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's JSONL file (metrics.jsonl, eval.jsonl, trajectories.jsonl, ...)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
