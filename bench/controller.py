@@ -2,7 +2,7 @@
 
     python bench/controller.py --quick               # 64 workers, one step, a 64 MB fan-out; CI runs this
     python bench/controller.py                       # 64, 256, 1024 workers; fan-out of 3 GB to 1/8/64
-    python bench/controller.py --sizes 1024 --ray 8  # also 8 workers as Ray actors on `--ray local`
+    python bench/controller.py --sizes 64 --ray 8    # also the fan-out to 8 Ray worker actors (copies per node)
 
 What is real and what is modelled. The run is `agentrl train`'s Laminar loop: `run_training_async`
 builds the buffer, prompt pool, partial-response pool, relay, rollout workers (each with the real
@@ -579,7 +579,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="64 workers, 1 step, a 64 MB fan-out to 8 workers")
     ap.add_argument("--sizes", default=None, help="comma-separated worker counts (default 64,256,1024)")
-    ap.add_argument("--ray", type=int, default=0, metavar="N", help="also count the fan-out's copies on `--ray local`")
+    ap.add_argument("--ray", type=int, default=0, metavar="N", help="also push to N worker actors on a local Ray cluster and count the node's copies "
+                    "(the controller runs themselves are on the local runtime)")
     ap.add_argument("--steps", type=int, default=None, help="learner steps per size (default 4; --quick 2)")
     ap.add_argument("--per-worker", type=int, default=16, help="trajectories in flight per worker")
     ap.add_argument("--group-size", type=int, default=16, help="trajectories per prompt (the paper's 16)")
