@@ -41,7 +41,9 @@ def test_an_agent_program_trains_two_steps(tmp_path: Path, program: str) -> None
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r["policy_tokens"] > 0 and r["stepwise_fraction"] == 0.0 and r["agent_dropped"] == 0 for r in rows)
     trajs = [json.loads(line) for line in (tmp_path / "agent" / "trajectories.jsonl").read_text().splitlines()]
-    assert trajs and {t["mode"] for t in trajs} == {"append"} and {t["status"] for t in trajs} == {"finished"}
+    # (a loaded machine may run an episode past rollout.trajectory_timeout_s: aborted, not an error)
+    assert trajs and {t["mode"] for t in trajs} == {"append"} and "finished" in {t["status"] for t in trajs}
+    assert {t["status"] for t in trajs} <= {"finished", "aborted"}, [t["error"] for t in trajs]
     # every policy token of a trajectory came from one weight version (Trajectory.version raises otherwise)
     assert all(isinstance(t["version"], int) and t["staleness"] is not None for t in trajs)
     if program == "ToolLoopAgent":  # the trained checkpoint, served for the user's own harness
@@ -61,12 +63,12 @@ def test_env_check_runs_the_program_with_the_caller_as_the_policy() -> None:
 def serving(target: str) -> Iterator[tuple[openai.OpenAI, int]]:
     """`agentrl serve TARGET --port 0` in a subprocess: an openai client on it and its port; stopped
     with Ctrl-C (SIGINT) at the end, which must exit 0 and leave nothing listening."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", target, "--port", "0",
-                             "sampling.max_tokens=8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", target, "sampling.max_tokens=8", "--port",
+                             "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         found = re.search(r"at (http://127\.0\.0\.1:(\d+)/v1) \(loopback only", line)
-        assert found, f"serve printed {line!r}"
+        assert found, f"serve printed {line!r}" + (f", then exited: {proc.stderr.read()[-2000:]}" if not line else "")
         port = int(found.group(2))
         client = openai.OpenAI(base_url=found.group(1), api_key="any key: serve mode records nothing", max_retries=0)
         yield client, port
