@@ -97,25 +97,52 @@ class Segment:
     turns: list[Turn] = field(default_factory=list)
     summary: str | None = None
 
+    def __post_init__(self) -> None:
+        # The weight versions of the policy tokens read so far (not a field: to_dict and equality
+        # ignore it). `append` keeps it current, so a trajectory's version costs O(segments), not a
+        # scan of every token; lists replaced or shortened some other way are scanned again.
+        self._versions_seen: set[int] = set()
+        self._seen_upto = 0
+        self._seen_lists: tuple[list[int], list[int]] | None = None
+
     def append(self, token_ids: list[int], *, policy: bool, logprobs: list[float] | None = None,
                version: int = -1) -> None:
         """Append tokens; policy tokens need their behaviour log-probs and weight version."""
         if policy and (logprobs is None or len(logprobs) != len(token_ids)):
             raise ValueError("policy tokens need one behaviour log-prob each")
+        seen = self.policy_versions  # (catches up on tokens added any other way)
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([1 if policy else 0] * len(token_ids))
         self.logprobs.extend(logprobs if policy else [0.0] * len(token_ids))  # type: ignore[arg-type]
         self.versions.extend([version if policy else -1] * len(token_ids))
+        if policy and token_ids:
+            seen.add(version)
+        self._seen_upto = len(self.versions)
 
     def truncate(self, length: int) -> None:
         """Drop every token from `length` on (SUPO discards the last action/observation pair)."""
         for name in ("token_ids", "loss_mask", "logprobs", "versions"):
             del getattr(self, name)[length:]
         self.turns = [t for t in self.turns if t.action_end <= length]
+        self._seen_lists = None  # the dropped tokens' versions go too: read them again
 
     @property
     def num_policy_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def policy_versions(self) -> set[int]:
+        """The weight versions of this segment's policy tokens (the live set: do not modify)."""
+        lists = (self.versions, self.loss_mask)
+        if (self._seen_lists is None or self._seen_lists[0] is not lists[0] or self._seen_lists[1] is not lists[1]
+                or len(self.versions) < self._seen_upto):
+            self._versions_seen, self._seen_upto, self._seen_lists = set(), 0, lists
+        end = min(len(self.versions), len(self.loss_mask))
+        if self._seen_upto < end:
+            start = self._seen_upto
+            self._versions_seen.update(v for v, m in zip(self.versions[start:end], self.loss_mask[start:end]) if m)
+            self._seen_upto = end
+        return self._versions_seen
 
     def check(self) -> None:
         """Raise if the per-token arrays disagree (the bookkeeping invariant)."""
@@ -176,7 +203,7 @@ class Trajectory:
 
     @property
     def policy_versions(self) -> set[int]:
-        return {v for s in self.segments for v, m in zip(s.versions, s.loss_mask) if m}
+        return set().union(*(s.policy_versions for s in self.segments))
 
     @property
     def version(self) -> int | None:

@@ -10,9 +10,11 @@ groups older than the bound.
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
+import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentrl.types import Group, Trajectory
@@ -82,6 +84,10 @@ class ExperienceBuffer:
         self._traj_version: dict[str, int | None] = {}  # pending trajectory id -> its version
         self._group_version: dict[str, int | None] = {}  # ready group id -> its version
         self._closed: set[str] = set()  # group ids that completed or were dropped
+        self._closed_order: list[str] = []  # the same, in order (a cursor keeps its length, not a copy)
+        # the cursors still held, by number (a WeakSet would compare them as mappings: write them out)
+        self._cursors: weakref.WeakValueDictionary[int, BufferCursor] = weakref.WeakValueDictionary()
+        self._cursors_taken = 0
         self._cond = asyncio.Condition()
         self.counts: Counter[str] = Counter()
         self.staleness_hist: Counter[int] = Counter()
@@ -115,7 +121,7 @@ class ExperienceBuffer:
             return False
         del self._pending[traj.group_id]
         self._sizes.pop(traj.group_id, None)
-        self._closed.add(traj.group_id)
+        self._close(traj.group_id)
         group = Group(id=traj.group_id, task_id=traj.task_id, trajectories=list(members.values()))
         versions = {self._traj_version.pop(t) for t in members} - {None}
         if len(versions) > 1:  # as Group.version says it
@@ -136,12 +142,16 @@ class ExperienceBuffer:
         for t in members:
             self._traj_version.pop(t, None)
         self._sizes.pop(group_id, None)
-        self._closed.add(group_id)
+        self._close(group_id)
         self.counts["trajectories_dropped"] += len(members)
         return len(members)
 
     async def pending_members(self, group_id: str) -> list[str]:
         return list(self._pending.get(group_id, {}))
+
+    def _close(self, group_id: str) -> None:
+        self._closed.add(group_id)
+        self._closed_order.append(group_id)
 
     # -- sampler -----------------------------------------------------------------------------
 
@@ -167,6 +177,8 @@ class ExperienceBuffer:
             taken = [self._ready[i] for i in idx]
             for i in sorted(idx, reverse=True):
                 del self._ready[i]
+        for cursor in list(self._cursors.values()):  # before the tags below (and the learner's) change them
+            cursor.keep(taken)
         for g in taken:
             version = self.version_of(g)
             self._group_version.pop(g.id, None)
@@ -215,13 +227,17 @@ class ExperienceBuffer:
                 "version": self.version, **self.counts,
                 "staleness_hist": dict(sorted(self.staleness_hist.items()))}
 
+    async def cursor(self) -> BufferCursor:
+        """Everything needed to resume exactly from now (ready and partial groups too), as
+        references: O(groups) now, each trajectory's tokens copied only if it is read."""
+        cursor = BufferCursor(self)
+        self._cursors_taken += 1
+        self._cursors[self._cursors_taken] = cursor
+        return cursor
+
     async def state_dict(self) -> dict[str, Any]:
-        """The cursor: everything needed to resume exactly (ready and partial groups too)."""
-        return {"version": self.version, "counts": dict(self.counts),
-                "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
-                "ready": [g.to_dict() for g in self._ready],
-                "pending": {gid: [t.to_dict() for t in m.values()] for gid, m in self._pending.items()},
-                "sizes": dict(self._sizes), "closed": sorted(self._closed), "rng": self._rng.getstate()}
+        """The cursor, written out."""
+        return (await self.cursor()).to_dict()
 
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = state["version"]
@@ -233,9 +249,60 @@ class ExperienceBuffer:
         self._traj_version = {t.id: t.version for m in self._pending.values() for t in m.values()}
         self._group_version = {g.id: g.version for g in self._ready}
         self._sizes = dict(state["sizes"])
-        self._closed = set(state["closed"])
+        self._closed_order = list(state["closed"])
+        self._closed = set(self._closed_order)
         rng = state["rng"]
         self._rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+
+
+class BufferCursor(Mapping[str, Any]):
+    """The buffer's state at one moment (`ExperienceBuffer.state_dict`'s keys), written out when
+    first read. The loop takes one every step and a checkpoint reads few of them: writing every
+    buffered token out each step cost the controller more than the rest of its work on the buffer
+    (O(buffered tokens) on the event loop). It holds the buffer's own trajectories; the buffer
+    hands it shallow copies of those it hands out (`keep`), as their tags change then. Pickles as
+    the plain dict (a checkpoint, a Ray actor's answer)."""
+
+    def __init__(self, buf: ExperienceBuffer) -> None:
+        self._plain = {"version": buf.version, "counts": dict(buf.counts),
+                       "staleness_hist": {str(k): v for k, v in buf.staleness_hist.items()},
+                       "sizes": dict(buf._sizes), "rng": buf._rng.getstate()}
+        self._ready = list(buf._ready)
+        self._ready_at = {g.id: i for i, g in enumerate(self._ready)}
+        self._pending = {gid: list(m.values()) for gid, m in buf._pending.items()}
+        self._closed = (buf._closed_order, len(buf._closed_order))  # the list only grows
+        self._written: dict[str, Any] | None = None
+
+    def keep(self, taken: list[Group]) -> None:
+        """The buffer hands `taken` out: keep their trajectories as they are now."""
+        if self._written is not None:
+            return
+        for g in taken:
+            if (i := self._ready_at.get(g.id)) is not None:
+                self._ready[i] = Group(id=g.id, task_id=g.task_id, trajectories=[copy.copy(t) for t in g.trajectories])
+            elif g.id in self._pending:
+                self._pending[g.id] = [copy.copy(t) for t in self._pending[g.id]]
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._written is None:
+            order, n = self._closed
+            self._written = {**self._plain, "ready": [g.to_dict() for g in self._ready],
+                             "pending": {gid: [t.to_dict() for t in ts] for gid, ts in self._pending.items()},
+                             "closed": sorted(order[:n])}
+            self._ready, self._ready_at, self._pending, self._closed = [], {}, {}, ([], 0)
+        return self._written
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (self.to_dict(),))
 
 
 def _pick(choice: str | Callable[..., Any], table: dict[str, Any], what: str) -> Callable[..., Any]:

@@ -448,7 +448,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         # The cursors to resume from (taken before the next batch is released: on `sync` they
         # point exactly past this batch; on `laminar`, and on `global-async` when `ahead`, the
         # groups in flight now are skipped).
-        resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.state_dict()}
+        resume_state = {"prompts": await system.prompts.state_dict(), "buffer": await system.buffer.cursor()}
         if backend == "global-async":  # the next batch overlaps this update
             await release_through(step + 1)
         t1 = time.perf_counter()

@@ -358,7 +358,8 @@ class RolloutEngine:
         if paused:
             live = self._live.get(traj.id)
             if live is not None and live.exported is not None:
-                live.exported.set_result(state)
+                if not live.exported.done():  # (cancelled when its requester was, e.g. at shutdown)
+                    live.exported.set_result(state)
                 return None
         return traj
 

@@ -1,6 +1,7 @@
 """Experience buffer: group atomicity (§1.8 test 4), staleness (§1.8 test 3), sampling, eviction."""
 
 import asyncio
+import pickle
 
 import pytest
 
@@ -87,6 +88,51 @@ async def test_drop_group_and_state_roundtrip():
     await other.load_state_dict(state)
     assert (await other.stats()) == (await buf.stats())
     assert [g.id for g in await other.sample(1)] == ["b"]
+
+
+async def test_a_cursor_reads_as_the_state_it_was_taken_at():
+    """The loop takes a cursor every step and a checkpoint writes it out later: what the buffer
+    hands out meanwhile (consumed tags, the learner's rewards) and what arrives must not leak in."""
+    buf = ExperienceBuffer(group_size=2)
+    for gid in ("a", "b"):
+        await buf.write(traj(gid, 0, 1))
+        await buf.write(traj(gid, 1, 1))
+    await buf.write(traj("c", 0, 1))  # a partial group
+    want = await buf.state_dict()
+    cursor = await buf.cursor()
+    for g in await buf.sample(2):  # the group of the pending member too, once it completes
+        for t in g.trajectories:
+            t.reward = 9.0  # as the learner sets it
+    await buf.write(traj("c", 1, 1))
+    (c,) = await buf.sample(1)
+    c.trajectories[0].reward = 7.0
+    await buf.drop_group("d")
+    assert dict(cursor) == want and cursor["ready"][0]["trajectories"][0]["consumed_version"] is None
+    restored = pickle.loads(pickle.dumps({"buffer": cursor}))["buffer"]  # a checkpoint holds the plain dict
+    assert type(restored) is dict and restored == want
+    other = ExperienceBuffer(group_size=2)
+    await other.load_state_dict(cursor)
+    assert [g.id for g in await other.sample(2)] == ["a", "b"]
+
+
+def test_a_trajectory_version_follows_its_tokens():
+    """`Trajectory.version` is kept as tokens are appended (not a scan per read), and still sees
+    tokens truncated away, lists replaced and an exact to_dict/from_dict round trip."""
+    t = traj("g", 0, 3)
+    assert t.version == 3
+    seg = t.segments[0]
+    seg.append([6], policy=True, logprobs=[-0.2], version=4)
+    with pytest.raises(ValueError, match=r"mixes weight versions \[3, 4\]"):
+        _ = t.version
+    seg.truncate(5)
+    assert t.version == 3
+    seg.versions = [-1, -1, 5, 5, 5]
+    assert t.version == 5
+    back = Trajectory.from_dict(t.to_dict())
+    assert back == t and back.to_dict() == t.to_dict() and back.version == 5
+    assert "_versions_seen" not in t.to_dict()["segments"][0]
+    seg.loss_mask = [0] * 5
+    assert t.version is None
 
 
 async def test_bad_input():
