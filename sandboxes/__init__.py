@@ -69,5 +69,9 @@ def make_pool(cfg: SandboxConfig | None = None, run_id: str | None = None, name:
         cfg = SandboxConfig()
     if cfg.backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if cfg.backend == "docker":  # a wedged engine breaks the pool at once (lazy: as make_sandbox)
+        from .docker import engine_ping
+
+        pool_kwargs.setdefault("liveness", engine_ping)
     return SandboxPool(lambda: make_sandbox(cfg, run_id=run_id, pool=name), size or cfg.pool_size or DEFAULT_POOL_SIZE,
                        name=name, **pool_kwargs)

@@ -32,6 +32,10 @@ LABEL_CREATED = "agentrl.created"
 LABEL_SANDBOX = "agentrl.sandbox"  # marks every container we start, whatever its run
 DEFAULT_IMAGE = "agentrl-base:bookworm"
 START_TIMEOUT_S = 60.0
+# The longest one Docker SDK call may wait for the engine's answer: a wedged engine must not hang a
+# run (its starts, removals, the exit hook) for minutes; a loaded engine starts a container well within it.
+ENGINE_TIMEOUT_S = 30
+PING_TIMEOUT_S = 10  # the pools' liveness probe (engine_ping), and the exit hook's check that anyone answers
 REMOVE_RETRY_S = (0.5, 2.0, 5.0, None)  # waits between attempts to remove a container (None: the last)
 
 _LIVE: dict[str, Any] = {}  # containers started by this process and not yet removed
@@ -40,6 +44,12 @@ _LIVE: dict[str, Any] = {}  # containers started by this process and not yet rem
 @atexit.register
 def _remove_leftovers() -> None:
     """Last line of defence at interpreter exit (a crash that skips even this is what prune is for)."""
+    if not _LIVE:
+        return
+    try:
+        engine_ping()
+    except Exception:  # nobody to ask (a wedged engine): `agentrl sandbox prune` removes them later
+        return
     for container in list(_LIVE.values()):
         with contextlib.suppress(Exception):
             container.remove(force=True, v=True)
@@ -54,11 +64,24 @@ def docker_client() -> Any:
     except ImportError:
         raise SandboxError("the docker backend needs the Docker SDK: pip install 'agentrl[docker]'") from None
     try:
-        client = docker.from_env(max_pool_size=64, timeout=120)
+        client = docker.from_env(max_pool_size=64, timeout=ENGINE_TIMEOUT_S)
         client.ping()
     except Exception as e:
         raise SandboxError(f"no Docker engine answers ({e}); start one, e.g. sudo scripts/docker_up.sh") from e
     return client
+
+
+@functools.cache
+def _ping_client() -> Any:
+    import docker  # the docker extra; docker_client() said what to install if it is missing
+
+    return docker.from_env(timeout=PING_TIMEOUT_S)
+
+
+def engine_ping() -> None:
+    """Raises unless the Docker engine answers a ping within PING_TIMEOUT_S (a client of its own, so
+    the shared client's busy connections cannot delay it)."""
+    _ping_client().ping()
 
 
 def _reload(container: Any) -> bool:

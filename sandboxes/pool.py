@@ -17,7 +17,9 @@ Self-healing: a sandbox known to be dead is never handed out; it is replaced, an
 that fails to start is retried with exponential back-off (`replace_failures` in the metrics, one
 log line each). After MAX_FAILED_STARTS failed starts in a row the pool gives up: it is broken,
 and every waiter and later `get` gets one SandboxError naming the last failure (an engine that
-stopped answering ends a run with that line instead of a hang).
+stopped answering ends a run with that line instead of a hang). A backend with a `liveness` probe
+(Docker: the engine's ping) is asked every LIVENESS_S; LIVENESS_MISSES misses in a row break the
+pool at once, without waiting for starts that hang; `until_broken()` lets a run stop on it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .base import ExecResult, Sandbox
@@ -41,6 +44,7 @@ WINDOW = 10_000  # latency samples kept per metric
 RETURN_GRACE_S = 30.0  # how long close() waits for sandboxes being given back to finish their reset
 BACKOFF_S = (1.0, 30.0)  # the first and the longest wait before retrying a failed replacement
 MAX_FAILED_STARTS = 6  # replacements failing in a row (about a minute of back-off) before the pool gives up
+LIVENESS_S, LIVENESS_MISSES = 5.0, 3  # the backend's liveness probe: every 5 s (each may take 2x), 3 misses break it
 
 
 def percentile(samples: list[float] | deque[float], q: float) -> float:
@@ -111,7 +115,8 @@ class Lease:
 
 class SandboxPool:
     def __init__(self, factory: SandboxFactory, size: int, name: str = "default",
-                 health_interval_s: float | None = 30.0, backoff_s: tuple[float, float] = BACKOFF_S) -> None:
+                 health_interval_s: float | None = 30.0, backoff_s: tuple[float, float] = BACKOFF_S,
+                 liveness: Callable[[], None] | None = None) -> None:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"pool size must be an int >= 1, got {size!r}")
         self.factory = factory
@@ -119,6 +124,7 @@ class SandboxPool:
         self.name = name
         self.health_interval_s = health_interval_s
         self.backoff_s = backoff_s  # (first, longest) wait before retrying a failed replacement
+        self.liveness = liveness  # a blocking check that the backend answers (raises if not), e.g. Docker's ping
         self._idle: deque[Sandbox] = deque()
         self._leased: dict[int, Sandbox] = {}  # id(Lease) -> sandbox
         self._returning = 0  # sandboxes given back and being reset (neither leased nor idle)
@@ -126,6 +132,7 @@ class SandboxPool:
         self._starting = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._health_task: asyncio.Task[None] | None = None
+        self._liveness_task: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
         self._wait_ms: deque[float] = deque(maxlen=WINDOW)
@@ -135,7 +142,8 @@ class SandboxPool:
                        "failures": 0, "replacements": 0, "replace_failures": 0, "dead_skipped": 0}
         self._faults = dict.fromkeys(FAULT_KINDS, 0)
         self._failed_starts = 0  # replacements that failed in a row
-        self.broken: str | None = None  # why the pool gave up (see MAX_FAILED_STARTS)
+        self.broken: str | None = None  # why the pool gave up (see MAX_FAILED_STARTS, LIVENESS_MISSES)
+        self._broken_event = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -159,14 +167,17 @@ class SandboxPool:
                                f"{errors[0]!r}") from errors[0]
         if self.health_interval_s:
             self._health_task = asyncio.create_task(self._health_loop())
+        if self.liveness is not None:
+            self._liveness_task = asyncio.create_task(self._liveness_loop())
 
     async def close(self) -> None:
         """Close every sandbox, idle or on loan; pending waiters get a SandboxError."""
         if self._closed:
             return
         self._closed = True
-        if self._health_task is not None:
-            self._health_task.cancel()
+        for task in (self._health_task, self._liveness_task):
+            if task is not None:
+                task.cancel()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(SandboxError(f"pool {self.name!r} was closed while waiting"))
@@ -348,10 +359,19 @@ class SandboxPool:
         await asyncio.sleep(delay)
         await self._start_replacement()
 
+    async def until_broken(self) -> str:
+        """Wait until the pool gives up; returns why."""
+        await self._broken_event.wait()
+        return self.broken or ""
+
     def _give_up(self, why: str) -> None:
-        """Too many failed starts: fail every waiter now and every later get, with `why`."""
+        """Too many failed starts, or a backend that stopped answering: fail every waiter now and
+        every later get, with `why`."""
+        if self.broken:
+            return
         log.error("%s", why)
         self.broken = why
+        self._broken_event.set()
         for fut in self._waiters:
             if not fut.done():
                 fut.set_exception(SandboxError(why))
@@ -395,6 +415,29 @@ class SandboxPool:
                 await self.check_health()
             except Exception as e:  # never let the sweeper die
                 log.warning("pool %s: health sweep failed: %r", self.name, e)
+
+    async def _liveness_loop(self) -> None:
+        """Ask the backend whether it answers, from a thread of its own (the shared worker threads
+        may all hang on a dead engine); LIVENESS_MISSES misses in a row break the pool."""
+        assert self.liveness is not None
+        probe = ThreadPoolExecutor(1, thread_name_prefix=f"pool-{self.name}-liveness")
+        loop = asyncio.get_running_loop()
+        misses = 0
+        try:
+            while not self.broken:
+                await asyncio.sleep(LIVENESS_S)
+                try:
+                    await asyncio.wait_for(loop.run_in_executor(probe, self.liveness), 2 * LIVENESS_S)
+                    misses = 0
+                except Exception as e:
+                    misses += 1
+                    last = f"no answer within {2 * LIVENESS_S:g} s" if isinstance(e, TimeoutError) else repr(e)
+                    log.warning("pool %s: the sandbox backend did not answer (%d in a row): %s", self.name, misses, last)
+                    if misses >= LIVENESS_MISSES:
+                        self._give_up(f"pool {self.name!r}: the sandbox backend stopped answering ({misses} "
+                                      f"checks in a row failed, the last: {last})")
+        finally:
+            probe.shutdown(wait=False)
 
     # -- metrics ----------------------------------------------------------------------------------
 

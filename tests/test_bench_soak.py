@@ -7,12 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
-import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,9 +18,9 @@ import pytest
 
 from agentrl.sandboxes.common import FAULT_KINDS
 from tests.support.docker import require_docker
+from tests.support.engine_proxy import FreezableProxy, freezable_engine
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKER_SOCKET = "/var/run/docker.sock"
 
 
 def soak(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> tuple[int, list[dict]]:
@@ -61,51 +57,14 @@ def test_quick_soak_on_docker_accounts_for_every_episode() -> None:
     check_accounting(lines[0])
 
 
-class _FreezableProxy(socketserver.ThreadingUnixStreamServer):
-    """A unix-socket proxy to the Docker engine that can be made to stop answering (it keeps every
-    connection open and moves no byte), as a wedged daemon does."""
-
-    daemon_threads = True
-
-    def __init__(self, path: str) -> None:
-        self.frozen = threading.Event()
-        self.closing = threading.Event()
-        super().__init__(path, _Pump)
-
-
-class _Pump(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        server: _FreezableProxy = self.server  # type: ignore[assignment]
-        upstream = socket.socket(socket.AF_UNIX)
-        upstream.connect(DOCKER_SOCKET)
-        peers = {self.request: upstream, upstream: self.request}
-        with upstream:
-            while not server.closing.is_set():
-                if server.frozen.is_set():
-                    time.sleep(0.1)
-                    continue
-                readable, _, _ = select.select(list(peers), [], [], 0.1)
-                for sock in readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    peers[sock].sendall(data)
-
-
 @pytest.fixture
-def engine_proxy(tmp_path: Path) -> Iterator[_FreezableProxy]:
-    proxy = _FreezableProxy(str(tmp_path / "docker.sock"))
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
+def engine_proxy(tmp_path: Path) -> Iterator[FreezableProxy]:
+    with freezable_engine(str(tmp_path / "docker.sock")) as proxy:
         yield proxy
-    finally:
-        proxy.closing.set()
-        proxy.shutdown()
-        proxy.server_close()
 
 
 @pytest.mark.docker
-def test_an_engine_that_stops_answering_ends_the_soak_with_one_line(engine_proxy: _FreezableProxy,
+def test_an_engine_that_stops_answering_ends_the_soak_with_one_line(engine_proxy: FreezableProxy,
                                                                      tmp_path: Path) -> None:
     require_docker()
     import docker  # the docker extra, present when require_docker passed

@@ -14,6 +14,7 @@ from conftest import RUN_ID, config
 
 from agentrl.parsing import ToolCall
 from agentrl.sandboxes import SandboxError, SandboxPool, make_pool, make_sandbox
+from agentrl.sandboxes import pool as pool_module
 from agentrl.sandboxes.agent import classify
 from agentrl.sandboxes.common import (
     FAULT_DEAD,
@@ -175,6 +176,29 @@ async def test_failing_replacements_back_off_then_the_pool_gives_up_with_one_lin
         await pool.get(timeout=1)
     m = pool.metrics()
     assert m["replace_failures"] == 6 and m["broken"], m
+    await pool.close()
+
+
+async def test_a_backend_that_stops_answering_breaks_the_pool_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "LIVENESS_S", 0.05)
+    answers = iter([True, True])  # two pings answered, then the engine is wedged
+
+    def ping() -> None:
+        if not next(answers, False):
+            raise ConnectionError("no answer")
+
+    pool = SandboxPool(_Flaky, size=1, name="wedged", health_interval_s=None, liveness=ping)
+    await pool.start()
+    lease = await pool.get()
+    waiter = asyncio.ensure_future(pool.get(timeout=30))  # waits on the one sandbox, on loan
+    why = await asyncio.wait_for(pool.until_broken(), 10)
+    assert why == ("pool 'wedged': the sandbox backend stopped answering (3 checks in a row failed, the last: "
+                   "ConnectionError('no answer'))"), why
+    with pytest.raises(SandboxError, match="stopped answering"):
+        await waiter
+    with pytest.raises(SandboxError, match="stopped answering"):
+        await pool.get(timeout=1)
+    await pool.put(lease)
     await pool.close()
 
 
