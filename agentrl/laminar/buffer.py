@@ -88,7 +88,10 @@ class ExperienceBuffer:
         # the cursors still held, by number (a WeakSet would compare them as mappings: write them out)
         self._cursors: weakref.WeakValueDictionary[int, BufferCursor] = weakref.WeakValueDictionary()
         self._cursors_taken = 0
-        self._cond = asyncio.Condition()
+        # Set when a group becomes ready. No lock: every change below runs without an await in
+        # between (one event loop), and a writer that queued for a Condition's lock behind the
+        # woken sampler waited a turn of a busy event loop (seconds at 1,024 workers) to hand off.
+        self._grown = asyncio.Event()
         self.counts: Counter[str] = Counter()
         self.staleness_hist: Counter[int] = Counter()
         self.evicted_ids: list[str] = []
@@ -127,12 +130,11 @@ class ExperienceBuffer:
         if len(versions) > 1:  # as Group.version says it
             self.counts["groups_rejected_mixed"] += 1
             raise GroupVersionError(f"group {group.id} mixes weight versions {sorted(versions)}")
-        async with self._cond:
-            self._group_version[group.id] = next(iter(versions), None)
-            self._ready.append(group)
-            self.counts["groups_written"] += 1
-            self._enforce_bounds()
-            self._cond.notify_all()
+        self._group_version[group.id] = next(iter(versions), None)
+        self._ready.append(group)
+        self.counts["groups_written"] += 1
+        self._enforce_bounds()
+        self._grown.set()
         return True
 
     async def drop_group(self, group_id: str) -> int:
@@ -157,9 +159,8 @@ class ExperienceBuffer:
 
     async def set_version(self, version: int) -> None:
         """The trainer moved to `version`; stale groups may now exceed `max_staleness`."""
-        async with self._cond:
-            self.version = version
-            self._enforce_bounds()
+        self.version = version
+        self._enforce_bounds()
 
     async def sample(self, n_groups: int, timeout_s: float | None = None) -> list[Group]:
         """Take `n_groups` whole groups (waits until that many are ready); tags each trajectory
@@ -168,15 +169,14 @@ class ExperienceBuffer:
             raise ValueError(f"n_groups must be >= 1, got {n_groups}")
         if n_groups > self.capacity:
             raise ValueError(f"n_groups {n_groups} exceeds the buffer capacity {self.capacity}")
-        async with self._cond:
-            enough = self._cond.wait_for(lambda: len(self._ready) >= n_groups)
-            await (enough if timeout_s is None else asyncio.wait_for(enough, timeout_s))
-            idx = self._sample(self._ready, n_groups, self._rng)
-            if len(set(idx)) != n_groups or not all(0 <= i < len(self._ready) for i in idx):
-                raise ValueError(f"sampling strategy returned bad indices {idx}")
-            taken = [self._ready[i] for i in idx]
-            for i in sorted(idx, reverse=True):
-                del self._ready[i]
+        enough = self._until_ready(n_groups)
+        await (enough if timeout_s is None else asyncio.wait_for(enough, timeout_s))
+        idx = self._sample(self._ready, n_groups, self._rng)
+        if len(set(idx)) != n_groups or not all(0 <= i < len(self._ready) for i in idx):
+            raise ValueError(f"sampling strategy returned bad indices {idx}")
+        taken = [self._ready[i] for i in idx]
+        for i in sorted(idx, reverse=True):
+            del self._ready[i]
         for cursor in list(self._cursors.values()):  # before the tags below (and the learner's) change them
             cursor.keep(taken)
         for g in taken:
@@ -192,6 +192,11 @@ class ExperienceBuffer:
 
     async def ready(self) -> int:
         return len(self._ready)
+
+    async def _until_ready(self, n_groups: int) -> None:
+        while len(self._ready) < n_groups:
+            self._grown.clear()
+            await self._grown.wait()
 
     def _enforce_bounds(self) -> None:
         if self.max_staleness is not None:
