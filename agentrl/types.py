@@ -76,6 +76,7 @@ class Turn:
     reward_components: dict[str, float] = field(default_factory=dict)
     tool_calls: int = 0
     tool_errors: int = 0
+    sandbox_faults: list[str] = field(default_factory=list)  # limits its tool calls ran into (oom, disk_full, ...)
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
 
