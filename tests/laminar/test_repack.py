@@ -1,5 +1,7 @@
 """Best-Fit repack, Algorithm 1 of Laminar (algorithms.md §1.4, §1.8 test 2)."""
 
+import random
+
 import pytest
 
 from agentrl.laminar.repack import RolloutLoad, best_fit_repack, repack_candidates
@@ -87,3 +89,40 @@ def test_repack_inputs_groups_by_version_and_idle_rule():
     assert [r.id for r in repack_candidates(prev[1], 0.99, 64)] == ["b"]
     with pytest.raises(ValueError, match="idle rule"):
         repack_inputs(loads, "sometimes")
+
+
+def scan_every_destination(rollouts: list[RolloutLoad], c_max: float, b: int) -> list[tuple[str, str]]:
+    """Algorithm 1 as the pseudocode reads: every destination scanned for every source (O(|S|²))."""
+    s_set = repack_candidates(rollouts, c_max, b)
+    plan: list[tuple[str, str]] = []
+    received: dict[str, list[RolloutLoad]] = {}
+
+    def load(d: RolloutLoad) -> tuple[float, int]:
+        moved = received.get(d.id, [])
+        return d.c_used + sum(s.c_used for s in moved), d.n_reqs + sum(s.n_reqs for s in moved)
+
+    for s in s_set:
+        if any(s.id == src for src, _ in plan) or s.id in received:
+            continue
+        dests = [d for d in s_set if d.id != s.id and all(d.id != src for src, _ in plan)
+                 and load(d)[0] + s.c_used <= c_max and load(d)[1] + s.n_reqs <= b]
+        if dests:
+            best = max(dests, key=lambda d: load(d)[0])
+            plan.append((s.id, best.id))
+            received.setdefault(best.id, []).append(s)
+    return plan
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sorted_search_makes_the_plan_a_scan_of_every_destination_makes(seed):
+    """The same plan, ties (equal C_used, first rollout wins) and the N bound included."""
+    rng = random.Random(seed)
+    b = rng.choice([5, 8, 64])
+    rollouts = []
+    for i in range(rng.choice([40, 200])):
+        c = rng.choice([0.05, 0.1, 0.2]) if seed % 2 else rng.uniform(0.0, 0.5)
+        rollouts.append(RolloutLoad(f"w{i}", c, c + rng.choice([0.0, 0.1]), rng.randint(1, 4)))
+    c_max = rng.choice([0.6, 0.99])
+    plan = best_fit_repack(rollouts, c_max, b)
+    assert plan == scan_every_destination(rollouts, c_max, b)
+    assert len(plan) > 0
