@@ -19,6 +19,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from agentrl.phases import mark_phase, phase
 from agentrl.progress import status
 from agentrl.report import write_report
 from agentrl.sandboxes import make_pool
+from agentrl.sandboxes.common import FAULT_KINDS
 from agentrl.stages import Stages, StopTraining
 from agentrl.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from agentrl.trainer.distributed import make_learner
@@ -94,6 +96,12 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
 # ---------------------------------------------------------------------------------------------
 
 
+def sandbox_faults(trajs: list[Trajectory]) -> dict[str, int]:
+    """The sandbox limits the trajectories' tool calls ran into, by kind (the rollout engine's
+    `sandbox_fault_<kind>` trajectory metrics): oom, disk_full, pids, timeout, sandbox_dead."""
+    return {kind: int(sum(t.metrics.get(f"sandbox_fault_{kind}", 0.0) for t in trajs)) for kind in FAULT_KINDS}
+
+
 def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, Any]) -> dict[str, Any]:
     """One metrics.jsonl line: reward, success, turns, tokens, staleness, throughput, sandbox
     latency and the learner's loss terms."""
@@ -120,7 +128,7 @@ def step_metrics(rec: dict[str, Any], groups: list[Group], sandbox: dict[str, An
         "sandbox_exec_p50_ms": sandbox.get("exec_p50_ms"),  # the run's pool so far
         "sandbox_exec_p99_ms": sandbox.get("exec_p99_ms"),
         "sandbox_failures": sandbox.get("failures"),
-        "sandbox_faults": sandbox.get("faults"),  # execs that ran into a limit so far, by kind (oom, disk_full, ...)
+        "sandbox_faults": sandbox_faults(trajs),  # this step's tool calls that ran into a limit, by kind
         "trainer_wait_s": rec.get("trainer_wait_s"), "learn_s": rec.get("learn_s"),
         "push_stall_s": rec.get("push_stall_s"), "weight_sync_s": rec.get("weight_sync_s"),
         "wall_s": rec.get("time_s"),
@@ -353,9 +361,9 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
                               timeout_s=cfg.rollout.trajectory_timeout_s)
         async with loop_runtime(cfg, run_dir.name, env_factory, make_env,
                                 ray_runtime) as (runtime, loop_env_factory, node_pools):
-            summary = await run_training_async(cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines,
-                                               on_step=on_step, runtime=runtime, resume_state=extra.get("laminar"),
-                                               guide=guide)
+            summary = await _unless_pool_breaks(pool, run_training_async(
+                cfg_run, loop_env_factory, tasks, _StagedLearner(learner), engines, on_step=on_step,
+                runtime=runtime, resume_state=extra.get("laminar"), guide=guide))
             if node_pools:  # on Ray: which processes each node's sandboxes served (docs/cluster.md)
                 summary["sandbox_pools"] = await pool_metrics(node_pools)
         summary["learners"] = {"num_learners": cfg.trainer.num_learners,
@@ -385,6 +393,27 @@ async def _run(plan: RunPlan, progress: _Progress, ray_runtime: Any) -> int:
     if not interrupted and (verdict := summary.get("heldout_verdict")):
         print(f"[agentrl] {verdict}", flush=True)  # the last line: did held-out success rise, and by how much
     return 130 if interrupted else 0
+
+
+async def _unless_pool_breaks(pool: Any, training: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """The training, unless the sandbox pool gives up first (its backend stopped answering, or
+    sandboxes keep failing to start): every episode would then end in error, so the run ends with
+    one line instead of going on without a sandbox."""
+    run = asyncio.ensure_future(training)
+    broken = asyncio.ensure_future(pool.until_broken())
+    try:
+        await asyncio.wait({run, broken}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        broken.cancel()
+        if not run.done():
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+    if not run.cancelled():
+        return run.result()  # it ended (or failed with its own error) before the pool gave up
+    raise UserError(f"the sandboxes stopped working, so the run stopped: {pool.broken}",
+                    fix="check the sandbox backend (Docker: `docker info`; restart it with sudo scripts/docker_up.sh), "
+                        "remove what is left with `agentrl sandbox prune`, then continue with `agentrl train --resume "
+                        "RUN_DIR`")
 
 
 _ENGINE_FIX = {
@@ -493,6 +522,7 @@ def readable_trajectory(traj: Trajectory, step: int) -> str:
         "reward_components": traj.reward_components, "step_rewards": traj.step_rewards,
         "turns": traj.num_turns, "policy_tokens": traj.num_policy_tokens, "version": traj.version,
         "staleness": traj.staleness, "error": traj.error, "messages": traj.messages,
+        "sandbox_faults": {k: n for k, n in sandbox_faults([traj]).items() if n},  # e.g. {"disk_full": 1}
         "mode": traj.mode,  # append: one token sequence; stepwise: the template rewrote history, a row per request
         **({"demonstration": True} if traj.demonstrated else {}),  # an expert's, added by trainer.demo_guidance
     }, ensure_ascii=False)

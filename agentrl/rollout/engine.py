@@ -354,6 +354,9 @@ class RolloutEngine:
         except Exception as e:  # env, tool or engine failure: this trajectory only
             log.warning("trajectory %s ends with status error: %s: %s", traj.id, type(e).__name__, e)
             log.debug("trajectory %s traceback", traj.id, exc_info=True)
+            fault = getattr(e, "fault", None)  # a sandbox that died under a tool call (SandboxDead) names its kind
+            if fault:
+                _count_fault(traj, str(fault))
             _finish(traj, Status.ERROR, f"{type(e).__name__}: {e}")
         if paused:
             live = self._live.get(traj.id)
@@ -609,7 +612,16 @@ def _record_step(traj: Trajectory, turn: Turn, result: StepResult) -> None:
     turn.observation = list(result.observation)
     turn.tool_calls = int(info.get("num_tool_calls", len(info.get("tool_calls") or ())))
     turn.tool_errors = int(info.get("num_tool_errors", 0))
+    turn.sandbox_faults = [str(kind) for kind in info.get("sandbox_faults") or ()]
+    for kind in turn.sandbox_faults:
+        _count_fault(traj, kind)
     traj.step_rewards.append(turn.step_reward)
+
+
+def _count_fault(traj: Trajectory, kind: str) -> None:
+    """`sandbox_fault_<kind>` in the trajectory's metrics: the limits its tool calls ran into (oom,
+    disk_full, pids, timeout, sandbox_dead), summed by kind in metrics.jsonl's `sandbox_faults`."""
+    _add(traj.metrics, f"sandbox_fault_{kind}", 1.0)
 
 
 def _check_group_args(env_factory: Any, task: Any, G: Any) -> None:
