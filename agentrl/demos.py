@@ -27,7 +27,7 @@ from agentrl.env import call_demonstrate, env_class_demonstrates, has_demonstrat
 from agentrl.inference.base import GenerateOutput, SamplingParams
 from agentrl.metrics import is_success
 from agentrl.rollout.engine import RolloutEngine
-from agentrl.rollout.tokens import ChatTokens, verify_append_only
+from agentrl.rollout.tokens import ChatTokens
 from agentrl.types import Message, Segment, Status, Task, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -135,13 +135,14 @@ async def collect_demonstrations(env_factory: Callable[[], Any], tasks: Sequence
             await close()
     if not tasks:
         raise DemonstrationError("no tasks to demonstrate")
-    verify_append_only(tokenizer)  # once; each player skips it
     sem = asyncio.Semaphore(max(1, concurrency))
 
     async def one(task: Task, seed: int) -> Trajectory:
         async with sem:
+            # Each player checks the template: one that rewrites history plays step-wise rows.
             return await play_demonstration(env_factory, task, tokenizer, seed=seed, max_tokens=max_tokens,
-                                            max_context_tokens=max_context_tokens, timeout_s=timeout_s)
+                                            max_context_tokens=max_context_tokens, timeout_s=timeout_s,
+                                            verify_template=True)
 
     trajs = await asyncio.gather(*(one(t, k) for t in tasks for k in range(per_task)))
     kept = []

@@ -138,3 +138,19 @@ def test_code_trains_with_the_qwen3_template_through_the_cli(tmp_path: Path) -> 
     trained = [r for r in rows if not r.get("skipped")]
     assert rows[-1]["version"] == len(trained)  # a weight version per step that trained
     assert all(r["policy_tokens"] > 0 for r in rows)
+
+
+async def test_the_warm_start_plays_demonstrations_under_a_template_that_rewrites_history(qwen3_tokenizer) -> None:
+    """The demonstration players check the template themselves: under Qwen3's, `code`'s expert
+    (view, fix, test, submit) plays step-wise from the first rewrite: each later row is the
+    template's prompt for that request and the expert's own tokens."""
+    from agentrl.demos import collect_demonstrations
+
+    env = agentrl.make("code")
+    task = next(iter(env.tasks("train")))
+    [demo] = await collect_demonstrations(lambda: agentrl.make("code"), [task], qwen3_tokenizer)
+    assert demo.status == Status.FINISHED and demo.mode == STEPWISE and len(demo.segments) >= 2
+    for seg in demo.segments:
+        seg.check()
+    for seg in demo.segments[1:]:
+        assert seg.loss_mask[seg.prompt_len:] == [1] * (len(seg.token_ids) - seg.prompt_len) != []
