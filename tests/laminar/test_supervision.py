@@ -6,8 +6,13 @@ import time
 
 import pytest
 
+from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.loop import TrainingStalled, build_system, shutdown, train
-from agentrl.laminar.runtime import LocalRuntime
+from agentrl.laminar.manager import RolloutManager
+from agentrl.laminar.partial import PartialResponsePool
+from agentrl.laminar.prompts import PromptPool
+from agentrl.laminar.runtime import ActorDied, LocalHandle, LocalRuntime
+from agentrl.laminar.types import WorkerLoad
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Group
 
@@ -135,3 +140,33 @@ async def test_dapo_gives_up_after_max_gen_batches_and_the_run_goes_on(tokenizer
     assert len(learner.seen) == 2 and learner.seen[0] == []  # the run went on past the empty step
     first = summary["records"][0]
     assert (first["dapo_gen_batches"], first["dapo_dropped_groups"], first["dapo_short_batch"]) == (3, 6, 2)
+
+
+class Answers:
+    """A worker's manager-facing side: its heartbeat answers, hangs or says the actor died."""
+
+    def __init__(self, name: str, how: str) -> None:
+        self.name, self.how, self.stopped = name, how, False
+
+    async def load(self) -> WorkerLoad:
+        if self.how == "hangs":
+            await asyncio.sleep(3600)
+        if self.how == "died":
+            raise ActorDied(f"{self.name} is dead")
+        return WorkerLoad(self.name, 0, 0, 0, 0.0, 0.0, False, False, time.monotonic())
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_one_heartbeat_deadline_tells_the_hung_and_the_dead_from_the_live():
+    workers = {n: Answers(n, how) for n, how in (("w0", "live"), ("w1", "hangs"), ("w2", "died"), ("w3", "live"))}
+    manager = RolloutManager(workers, buffer=LocalHandle(ExperienceBuffer(2), "buffer"),
+                             prompts=LocalHandle(PromptPool([{"id": "t"}], 2), "prompts"),
+                             partial=LocalHandle(PartialResponsePool(), "partial"), heartbeat_timeout_s=0.3)
+    t0 = time.monotonic()
+    await manager.check(repack=False)
+    assert time.monotonic() - t0 < 5.0  # the hung worker's call was given up at the deadline
+    assert sorted(manager.loads) == ["w0", "w3"] and manager.dead == ["w1", "w2"]
+    assert manager.failures == {"w1": "no heartbeat within 0.3 s", "w2": "w2 is dead"}
+    assert workers["w1"].stopped and workers["w2"].stopped
