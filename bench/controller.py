@@ -377,6 +377,7 @@ async def controller_run(args: argparse.Namespace, workers: int) -> dict[str, An
     per_1k = 1000 / max(1, admitted)
     mgr = summary
     decisions = await_free(summary, "repack_decision_s")
+    decisions_cpu = await_free(summary, "repack_decision_cpu_s")
     pulls = summary["weight_pull_s"]
     turns = sum(e.turns for e in engines)
     rates = {k: round(v / wall, 1) for k, v in sorted(meter.calls.items())}
@@ -394,6 +395,7 @@ async def controller_run(args: argparse.Namespace, workers: int) -> dict[str, An
         "controller_cores": round(controller_s / wall, 3), "process_cores": round(process_cpu / wall, 3),
         "controller_capacity_trajectories_per_s": round(admitted / controller_s, 1) if controller_s else None,
         "repack_p50_ms": ms(percentile(decisions, 50)), "repack_p99_ms": ms(percentile(decisions, 99)),
+        "repack_cpu_p50_ms": ms(percentile(decisions_cpu, 50)), "repack_cpu_p99_ms": ms(percentile(decisions_cpu, 99)),
         "repack_decisions": len(decisions), "repack_moves": mgr["repack_moves"],
         "weight_pull_p50_ms": ms(percentile(pulls, 50)), "weight_pull_p99_ms": ms(percentile(pulls, 99)),
         "handoff_p50_ms": ms(percentile(meter.latency["buffer_write"], 50)),

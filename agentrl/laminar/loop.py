@@ -542,6 +542,7 @@ async def summarize(system: LaminarSystem, records: list[dict[str, Any]]) -> dic
         "weight_pull_s": pulls, "staleness_hist": dict(sorted(hist.items())),
         "repack_moves": mgr["repack_moves"], "repack_rounds": mgr["repack_rounds"], "moves": mgr["moves"],
         "repack_decision_s": await system.manager.decision_times(),
+        "repack_decision_cpu_s": await system.manager.decision_times(cpu=True),
         "dead_workers": mgr["dead"] + [d for d in dead if d not in mgr["dead"]],
         "restarted": mgr["restarted"], "regenerated_groups": mgr["regenerated_groups"],
         "buffer": {k: v for k, v in buf.items() if k != "staleness_hist"},
