@@ -202,6 +202,15 @@ class AgentSandbox:
         """A caller's path as the sandboxed processes see it."""
         return inside_path(path)
 
+    def spawn_argv(self, argv: list[str], *, env: dict[str, str] | None = None,
+                   ro_binds: tuple[str, ...] = (), cwd: str = WORKDIR) -> list[str]:
+        """A host command line that runs `argv` as a long-lived process inside this (started)
+        sandbox, talking over its stdin/stdout (an MCP stdio server): the sandbox's files, network
+        and limits, its `base_env` plus `env`, and the host paths `ro_binds` shown read-only at the
+        same paths (its interpreter and code). The process dies with the sandbox."""
+        raise NotImplementedError(f"the {type(self).__name__} backend cannot start a long-lived process "
+                                  "inside its sandboxes; use the local (bubblewrap) backend")
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:

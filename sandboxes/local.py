@@ -43,6 +43,7 @@ ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "pas
                "nsswitch.conf", "localtime", "ssl", "ca-certificates", "mime.types", "gitconfig")
 TEMP_PREFIX = "agentrl-sbx-"
 START_TIMEOUT_S = 30.0
+ENTER_SCRIPT = Path(__file__).with_name("enter.py")  # run by the host's interpreter (spawn_argv)
 SHM_MB = 64  # /dev/shm, as Docker's default
 _SETPRIV = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
 
@@ -206,6 +207,34 @@ class LocalSandbox(AgentSandbox):
         return ["prlimit", f"--as={lim.memory_mb * 2**20}", f"--cpu={lim.cpu_seconds(timeout)}",
                 f"--fsize={lim.file_size_mb * 2**20}", "--", *argv]
 
+    def spawn_argv(self, argv: list[str], *, env: dict[str, str] | None = None,
+                   ro_binds: tuple[str, ...] = (), cwd: str = WORKDIR) -> list[str]:
+        """`enter.py` joins the running sandbox's namespaces (its /work, no network, its pid
+        namespace: the process dies with the sandbox) and runs `argv` as the sandbox's uid, under
+        the exec path's rlimits but the CPU-seconds one (a server lives for the whole episode; the
+        caller bounds each request). A host path of `ro_binds` under /work or /tmp leaves an empty
+        mount-point directory there, seen by the sandbox's commands."""
+        if not argv:
+            raise SandboxError("empty command")
+        pid = self._pid_one()
+        lim = self.limits
+        env_args = [f"{k}={v}" for k, v in {**self.base_env, **(env or {})}.items()]
+        uid_args = ["--uid", str(self._uid)] if self._uid is not None else []
+        return [sys.executable, "-I", str(ENTER_SCRIPT), "--pid", str(pid), *uid_args, "--cwd", self._inside(cwd),
+                *[a for path in ro_binds for a in ("--ro-bind", path)], "--",
+                "env", "-i", *env_args, "prlimit", f"--as={lim.memory_mb * 2**20}", f"--fsize={lim.file_size_mb * 2**20}",
+                f"--nproc={lim.pids}", "--core=0", "--", *argv]
+
+    def _pid_one(self) -> int:
+        """The host pid of the sandbox's pid 1 (bwrap's only child)."""
+        proc = self._procs[-1] if self._procs and self._channel is not None else None
+        if proc is None or proc.poll() is not None:
+            raise SandboxError(f"{self!r} is not running (start it first)")
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        if not children:
+            raise SandboxError(f"{self!r} has no sandboxed process yet")
+        return int(children[0])
+
     def _launch(self) -> AgentChannel:
         proc = subprocess.Popen(self._agent_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=self.base_env, cwd=self._host_dir,
@@ -278,3 +307,8 @@ class ProcessSandbox(LocalSandbox):
 
     def _agent_argv(self) -> list[str]:
         return ["prlimit", "--core=0", "--", sys.executable, *AGENT_ARGS]
+
+    def spawn_argv(self, argv: list[str], *, env: dict[str, str] | None = None,
+                   ro_binds: tuple[str, ...] = (), cwd: str = WORKDIR) -> list[str]:
+        raise NotImplementedError("the process backend has no sandbox to start a long-lived process in; "
+                                  "use the local (bubblewrap) backend")

@@ -13,8 +13,13 @@ per episode. Arguments the schema rejects, a result flagged `isError`, a server 
 past the tool's timeout or answers with a protocol error all come back as the tool's error, which
 the model reads; a crashed or hung stdio server is replaced at the next call.
 
-The stdio server runs on this host as a child process of the trainer (with the trainer's Python
-environment, which is where its `mcp` package is), not inside the episode's sandbox.
+In an env with a sandbox (`needs_sandbox = True`), an episode's stdio server runs inside the
+episode's sandbox (`Sandbox.spawn_argv`; the local bubblewrap backend): its cwd is the sandbox's
+/work, it has no network and the sandbox's limits, and it dies with the sandbox. The host paths
+`ro_binds` (default: this interpreter and its venv, and the directory of each absolute path in the
+command) are shown read-only at the same paths so that the server's code and `mcp` are there. The
+listing at definition time, and the servers of an env without a sandbox, run on this host as
+children of the trainer.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ import functools
 import json
 import os
 import shlex
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.sandboxes.common import WORKDIR
 from agentrl.tools.core import Tool, ToolResult
 from agentrl.tools.jsonschema_tool import schema_tool
 
@@ -51,19 +58,30 @@ class MCPServer:
     url: str | None = None
     env: tuple[tuple[str, str], ...] = ()
     cwd: str | None = None
+    ro_binds: tuple[str, ...] = ()  # host paths a sandboxed server sees (read-only, at the same paths)
 
     @classmethod
     def parse(cls, target: str | Sequence[str], *, env: dict[str, str] | None = None,
-              cwd: str | None = None) -> MCPServer:
+              cwd: str | None = None, ro_binds: Sequence[str] | None = None) -> MCPServer:
         if isinstance(target, str) and target.startswith(("http://", "https://")):
             return cls(url=target)
         argv = tuple(shlex.split(target) if isinstance(target, str) else target)
         if not argv:
             raise ValueError("mcp_tools needs a command line (e.g. 'python -m my_server') or an http(s):// URL")
-        return cls(command=argv, env=tuple(sorted((env or {}).items())), cwd=cwd)
+        binds = _default_binds(argv) if ro_binds is None else tuple(ro_binds)
+        return cls(command=argv, env=tuple(sorted((env or {}).items())), cwd=cwd, ro_binds=binds)
 
     def __str__(self) -> str:
         return self.url or shlex.join(self.command)
+
+
+def _default_binds(argv: Sequence[str]) -> tuple[str, ...]:
+    """What a sandboxed server needs from the host by default: this interpreter and its venv (a
+    Python server imports `mcp` from there), and the directory of each absolute path in its command
+    (its script). /usr is in every sandbox already."""
+    paths = {sys.prefix, sys.base_prefix}
+    paths.update(os.path.dirname(a) for a in argv if os.path.isabs(a) and os.path.isfile(a))
+    return tuple(sorted(p for p in paths if p != "/usr" and not p.startswith("/usr/")))
 
 
 def _require_mcp() -> Any:
@@ -75,8 +93,9 @@ def _require_mcp() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _connect(server: MCPServer) -> Any:
-    """An initialized mcp.ClientSession on `server` (the process, for stdio, lives as long as this)."""
+async def _connect(server: MCPServer, sandbox: Any = None) -> Any:
+    """An initialized mcp.ClientSession on `server` (the process, for stdio, lives as long as this;
+    inside `sandbox` when one is given)."""
     mcp = _require_mcp()
     if server.url is not None:
         try:  # mcp >= 2
@@ -87,8 +106,13 @@ async def _connect(server: MCPServer) -> Any:
     else:
         from mcp.client.stdio import stdio_client
 
-        params = mcp.StdioServerParameters(command=server.command[0], args=list(server.command[1:]),
-                                           env={**os.environ, **dict(server.env)}, cwd=server.cwd)
+        if sandbox is None:
+            argv, env, cwd = list(server.command), {**os.environ, **dict(server.env)}, server.cwd
+        else:  # the sandbox's own env and cwd (/work), not the trainer's
+            argv = sandbox.spawn_argv(list(server.command), env=dict(server.env), ro_binds=server.ro_binds,
+                                      cwd=server.cwd or WORKDIR)
+            env, cwd = {"PATH": os.environ.get("PATH", os.defpath)}, None
+        params = mcp.StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
         transport = stdio_client(params, errlog=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
     async with transport as streams, mcp.ClientSession(streams[0], streams[1]) as session:
         await session.initialize()
@@ -131,8 +155,8 @@ class _Session:
     session from the tool's task. It ends when the episode does: ToolEnv has no end-of-episode
     hook for tools, so the owner watches the env (`done`, or a new episode's state)."""
 
-    def __init__(self, server: MCPServer, env: Any, episode_state: Any) -> None:
-        self.server, self.env, self.episode_state = server, env, episode_state
+    def __init__(self, server: MCPServer, env: Any, episode_state: Any, sandbox: Any) -> None:
+        self.server, self.env, self.episode_state, self.sandbox = server, env, episode_state, sandbox
         self.session: Any = None
         self.ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.stop = asyncio.Event()
@@ -144,7 +168,7 @@ class _Session:
 
     async def _own(self) -> None:
         try:
-            async with _connect(self.server) as session:
+            async with _connect(self.server, self.sandbox) as session:
                 self.session = session
                 self.ready.set_result(session)
                 while self.current():
@@ -174,8 +198,16 @@ async def _session(server: MCPServer, env: Any) -> Any:
     if live is None or not live.current():
         if live is not None:
             await live.close()
-        live = sessions[server] = _Session(server, env, env.state)
+        live = sessions[server] = _Session(server, env, env.state, _episode_sandbox(env, server))
     return await live.ready
+
+
+def _episode_sandbox(env: Any, server: MCPServer) -> Any:
+    """The sandbox a stdio server of this episode runs in (None: on this host, no sandbox)."""
+    lease = getattr(env, "sandbox", None)
+    if server.url is not None or lease is None:
+        return None
+    return getattr(lease, "sandbox", lease)  # a pool's Lease wraps the sandbox itself
 
 
 async def close_sessions(env: Any) -> None:
@@ -212,12 +244,14 @@ def _result_text(result: Any) -> str:
 
 def mcp_tools(target: str | Sequence[str], *, include: Sequence[str] | None = None, prefix: str = "",
               timeout_s: float = DEFAULT_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S,
-              env: dict[str, str] | None = None, cwd: str | None = None) -> tuple[Tool, ...]:
+              env: dict[str, str] | None = None, cwd: str | None = None,
+              ro_binds: Sequence[str] | None = None) -> tuple[Tool, ...]:
     """The tools of an MCP server: `target` is a stdio command line ("python -m my_server", or an
     argv list) or a streamable-HTTP URL. `include` keeps only the named tools; `prefix` is put
     before each name (two servers with a tool of the same name); `timeout_s` bounds each call and
-    `start_timeout_s` a server's start (and the listing)."""
-    server = MCPServer.parse(target, env=env, cwd=cwd)
+    `start_timeout_s` a server's start (and the listing); `ro_binds` are the host paths a server
+    in a sandbox sees (see the module's doc)."""
+    server = MCPServer.parse(target, env=env, cwd=cwd, ro_binds=ro_binds)
     listed = list(list_tools(server, start_timeout_s))
     if include is not None:
         unknown = sorted(set(include) - {t["name"] for t in listed})

@@ -1,15 +1,18 @@
 """MCP tools in any ToolEnv (issue 53) against a real stdio server written with the `mcp` package
 (tests/interop/fixtures/mcp_server.py): schemas from `tools/list`, calls through `tools/call`,
-a server per episode stopped with it, every server failure an observation, and `env.mcp_servers`
-in config. The env check and two training steps go through the CLI."""
+a server per episode stopped with it, every server failure an observation, a server inside the
+episode's bubblewrap sandbox in an env that has one, and `env.mcp_servers` in config. The env check
+and two training steps go through the CLI."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -75,7 +78,7 @@ def _call(env: agentrl.ToolEnv, name: str, **arguments: object) -> str:
 
 def test_tools_come_from_tools_list_with_their_schemas() -> None:
     names = {t.name: t for t in AllTools.tools}
-    assert set(names) == {"add", "count", "fail", "hang", "crash", "submit"}
+    assert set(names) == {"add", "count", "fail", "hang", "crash", "write", "connect", "submit"}
     add = names["add"]
     assert add.description == "Add two integers and return the sum."
     assert add.parameters["properties"]["a"]["type"] == "integer" and add.parameters["required"] == ["a", "b"]
@@ -121,6 +124,93 @@ def test_a_server_per_episode_and_every_failure_is_an_observation(pid_file: Path
     assert not _survivors(pids)  # none outlives its episode
 
 
+TAG = f"agentrl-mcp-test-{uuid.uuid4().hex}"  # on the sandboxed servers' command lines, to find their processes
+
+
+class SandboxedTools(agentrl.ToolEnv):
+    tools = (*mcp_tools([*SERVER, TAG], timeout_s=20.0), submit)
+    needs_sandbox = True  # the local (bubblewrap) backend by default: the server runs in the episode's sandbox
+    max_turns = 8
+
+    def tasks(self, split: str = "train") -> list[dict]:
+        return [{"id": "t0", "prompt": "Use the tools."}]
+
+    async def reward(self, task: dict, state: dict) -> float:
+        return 0.0
+
+
+def _tagged_processes() -> list[int]:
+    """Host pids whose command line has TAG (a sandboxed server, and the launcher that entered it)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if TAG.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # gone meanwhile
+            continue
+    return [p for p in pids if p != os.getpid()]
+
+
+def test_a_stdio_server_runs_inside_the_episodes_sandbox(tmp_path: Path) -> None:
+    env = SandboxedTools()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.setblocking(False)
+    # its own code is read-only, the host's dirs are not there, the root is read-only
+    outside = {FIXTURES / f"escape-{TAG}.txt": "Read-only file system", tmp_path / "escape.txt": "No such file",
+               Path("/escape.txt"): "Read-only file system"}
+
+    async def play() -> list[int]:
+        await env.areset(env.tasks()[0])
+        result = await env.astep(_call(env, "write", path="made_by_server.txt", text="hello"))
+        assert result.observation[0]["content"] == "/work/made_by_server.txt"  # its cwd is the sandbox's /work
+        assert await env.sandbox.read_file("/work/made_by_server.txt") == b"hello"  # and the sandbox sees it
+        running = _tagged_processes()
+        for path, why in outside.items():
+            result = await env.astep(_call(env, "write", path=str(path), text="escaped"))
+            assert why in result.observation[0]["content"], result.observation
+        result = await env.astep(_call(env, "connect", port=port))  # the sandbox's own loopback: nobody listens
+        assert "Connection refused" in result.observation[0]["content"], result.observation
+        result = await env.astep(_call(env, "count"))
+        assert result.observation[0]["content"] == "1"  # the same server answered every call
+        result = await env.astep(_call(env, "submit", answer="done"))
+        assert result.terminated
+        await asyncio.sleep(0.5)  # the episode watcher begins stopping the server within 0.1 s
+        await env.aclose()
+        return running
+
+    try:
+        running = asyncio.run(play())
+    finally:
+        env.close()
+    assert running  # the launcher and the server, while the episode ran
+    assert not [p for p in outside if p.exists()]
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nothing connected
+    listener.close()
+    assert not _survivors(running)  # none outlives its episode
+    assert not _tagged_processes()
+
+
+def test_a_backend_that_cannot_host_a_server_says_so_in_one_line() -> None:
+    from agentrl.config import SandboxConfig
+
+    env = SandboxedTools(sandbox_config=SandboxConfig(backend="process"))
+
+    async def play() -> str:
+        await env.areset(env.tasks()[0])
+        result = await env.astep(_call(env, "count"))
+        await env.aclose()
+        return result.observation[0]["content"]
+
+    try:
+        content = asyncio.run(play())
+    finally:
+        env.close()
+    assert "did not start: NotImplementedError: the process backend has no sandbox" in content
+    assert "use the local (bubblewrap) backend" in content and "Traceback" not in content
+
+
 def test_env_mcp_servers_in_config_add_the_tools_to_a_tool_env(pid_file: Path) -> None:
     from agentrl.env_builder import make_env  # what `agentrl train` builds each episode's env with
 
@@ -129,7 +219,7 @@ def test_env_mcp_servers_in_config_add_the_tools_to_a_tool_env(pid_file: Path) -
     assert cfg.env.mcp_servers == [server]
     env = make_env(cfg, None)
     try:
-        assert [t.name for t in env.tools] == ["submit", "add", "count", "fail", "hang", "crash"]
+        assert [t.name for t in env.tools] == ["submit", "add", "count", "fail", "hang", "crash", "write", "connect"]
         env.reset(options={"task": env.tasks()[0]})
         observation, *_ = env.step(_call(env, "add", a=20, b=22))
         assert observation[0]["content"] == "42"
