@@ -15,6 +15,24 @@ from agentrl.env import Env, EnvError, EpisodeOverError, ToolEnv, list_envs, mak
 
 __version__ = "0.1.0"
 
+
+def _episode_runner(rollout: Any) -> Any:
+    from agentrl.endpoint.agent import AgentRunner  # the serve extra (fastapi, uvicorn, openai)
+
+    return AgentRunner(rollout)
+
+
+def _program_facade(env: AgentEnv) -> Any:
+    from agentrl.endpoint.agent import ProgramFacade  # the serve extra (fastapi, uvicorn, openai)
+
+    return ProgramFacade(env)
+
+
+# An agent program runs against the policy endpoint, layers above AgentEnv and the rollout engine:
+# the package root, which may import any layer, hands them what drives it (agentrl/agent_env.py).
+AgentEnv.runner_factory = _episode_runner
+AgentEnv.facade_factory = _program_facade
+
 _LAZY = {
     "tool": "agentrl.tools",
     "Tool": "agentrl.tools",

@@ -12,7 +12,7 @@
     agentrl train --env my_module:Solver
 
 Whatever the program does with `client` is the episode: every completion it asks for is sampled
-by the policy being trained and recorded token for token (agentrl/rollout/agent.py runs it; the
+by the policy being trained and recorded token for token (agentrl/endpoint/agent.py runs it; the
 policy endpoint, agentrl/endpoint/, serves it). The reward is what `run` returns (a float, or a
 dict with "reward" and named components), or what `reward(task, result)` makes of it. Tools the
 program runs itself may use the episode's sandbox, `self.sandbox`, when `needs_sandbox` is set.
@@ -25,7 +25,8 @@ episode ends `truncated`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from agentrl.env import Env, EnvError, EpisodeOverError, ToolEnv, _short
 from agentrl.types import Message, StepResult, Task
@@ -44,6 +45,11 @@ class AgentEnv(Env):
     max_requests: int = 64
     needs_sandbox: bool = False
     sandbox_config: Any = None
+    # The program runs against the policy endpoint, which sits above this layer and the rollout
+    # engine (agentrl/endpoint/agent.py, the serve extra): the package root (agentrl/__init__.py)
+    # hands in what drives it, so neither the env API nor the engine imports it.
+    runner_factory: ClassVar[Callable[[Any], Any] | None] = None  # RolloutEngine -> its episode runner
+    facade_factory: ClassVar[Callable[[AgentEnv], Any] | None] = None  # env -> its Gymnasium facade
 
     def __init__(self, *, sandbox_pool: Any = None, sandbox_config: Any = None, parser: str | None = None,
                  max_requests: int | None = None, split: str = "train") -> None:
@@ -72,6 +78,10 @@ class AgentEnv(Env):
         return result
 
     # -- the episode's resources (the rollout's agent runner calls these) ----------------------
+
+    def episode_runner(self, rollout: Any) -> Any:
+        """The runner of a rollout engine's agent episodes (its `run(state, env)`)."""
+        return _wired(type(self).runner_factory, "runner_factory")(rollout)
 
     get_pool = ToolEnv.get_pool  # the same sandbox source as a ToolEnv's: the shared pool or a private one
     _release_sandbox = ToolEnv._release_sandbox
@@ -112,14 +122,12 @@ class AgentEnv(Env):
         if pool is not None:
             await pool.close()
 
-    # -- the Gymnasium facade: the caller plays the policy (agentrl/rollout/agent.py::ProgramFacade) --
+    # -- the Gymnasium facade: the caller plays the policy (agentrl/endpoint/agent.py::ProgramFacade) --
 
     async def areset(self, task: Task) -> list[Message]:
         """Run the program on `task` until its first model request; return that request's messages."""
-        from agentrl.rollout.agent import ProgramFacade  # the serve extra: fastapi, uvicorn, openai
-
         await self._end_facade()
-        self._facade = ProgramFacade(self)
+        self._facade = _wired(type(self).facade_factory, "facade_factory")(self)
         return await self._facade.start(task)
 
     async def astep(self, action: str) -> StepResult:
@@ -133,6 +141,13 @@ class AgentEnv(Env):
         facade, self._facade = self._facade, None
         if facade is not None:
             await facade.close()
+
+
+def _wired(factory: Any, name: str) -> Any:
+    if factory is None:  # importing agentrl sets it: only a half-imported package gets here
+        raise RuntimeError(f"AgentEnv.{name} is not set: import agentrl (agentrl/__init__.py wires agent programs)")
+    return factory
+
 
 class EnvAgent(AgentEnv):
     """An agentrl `Env` played as an agent program: the program resets the env, sends its

@@ -46,7 +46,7 @@ from agentrl.endpoint.conversation import Completion, Conversation, RequestError
 from agentrl.endpoint.requests import Sampling, parse_sampling, tool_choice
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.parsing import get_parser
-from agentrl.rollout.engine import step_seed
+from agentrl.rollout.state import step_seed
 from agentrl.rollout.stepwise import Sample
 from agentrl.rollout.tokens import ChatTokens
 from agentrl.types import Message

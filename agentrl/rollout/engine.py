@@ -24,14 +24,14 @@ import copy
 import logging
 import time
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentrl.agent_env import AgentEnv
 from agentrl.inference.base import InferenceEngine, SamplingParams
 from agentrl.rollout.context import ContextPolicy, context_policy_of
+from agentrl.rollout.state import RolloutState, TrajectoryEnd, step_seed, trajectory_seed
 from agentrl.rollout.stepwise import APPEND, STEPWISE, starts_with
 from agentrl.rollout.tokens import (
     ChatTemplateError,
@@ -48,63 +48,12 @@ EnvFactory = Callable[[], Any]
 ProgressHook = Callable[[str, int], Any]
 
 
-def step_seed(seed: int | None, step: int) -> int | None:
-    """The sampling seed of a trajectory's `step`-th generation: a pure function of the
-    trajectory seed and the step, so a resumed trajectory draws exactly what it would have."""
-    return None if seed is None else (seed * 1_000_003 + step) % 2**31
-
-
-def trajectory_seed(base: int | None, traj_id: str) -> int | None:
-    """A per-trajectory seed from the sampling seed and the (deterministic) trajectory id."""
-    return None if base is None else zlib.crc32(f"{base}:{traj_id}".encode()) % 2**31
-
-
-@dataclass
-class RolloutState:
-    """A trajectory paused at a turn boundary: everything needed to continue it elsewhere.
-
-    `env` is the live env object (moves within a process). Across processes `to_dict()` drops
-    it; `resume` then rebuilds the env from a factory by `areset(task)` and replaying
-    `actions` in order (an env is deterministic given its actions)."""
-
-    trajectory: Trajectory  # segments, messages, rewards and timings so far
-    prompt: list[Message]  # s_1, the initial messages (a context policy may restart from them)
-    context: list[Message]  # the current segment's conversation, for template deltas
-    actions: list[str] = field(default_factory=list)  # every action sent to env.astep
-    step: int = 0  # policy generations so far (actions + compactions): the step limit and the seed step
-    seed: int | None = None  # trajectory sampling seed (None: engine randomness)
-    env: Any = None
-
-    @property
-    def turn(self) -> int:
-        return len(self.actions)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"trajectory": self.trajectory.to_dict(), "prompt": [dict(m) for m in self.prompt],
-                "context": [dict(m) for m in self.context], "actions": list(self.actions),
-                "step": self.step, "seed": self.seed}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RolloutState:
-        return cls(trajectory=Trajectory.from_dict(d["trajectory"]), prompt=d["prompt"],
-                   context=d["context"], actions=list(d["actions"]), step=d["step"], seed=d["seed"])
-
-
 @dataclass
 class _Live:
     task: asyncio.Task[Trajectory | None]
     state: RolloutState
     pause: bool = False
     exported: asyncio.Future[RolloutState | None] | None = None
-
-
-class _End(Exception):
-    """Internal: the rollout loop ends the trajectory with this status. `reason` names why a
-    trajectory was truncated (kept in traj.metrics as `truncated_<reason>` = 1)."""
-
-    def __init__(self, status: Status, reason: str = "", overlong: bool = False) -> None:
-        super().__init__(reason)
-        self.status, self.reason, self.overlong = status, reason, overlong
 
 
 class RolloutEngine:
@@ -163,7 +112,7 @@ class RolloutEngine:
         self._sem = asyncio.Semaphore(concurrency)
         self._live: dict[str, _Live] = {}
         self._groups = 0
-        self._agents: Any = None  # agentrl/rollout/agent.py's runner, made by the first AgentEnv episode
+        self._agents: Any = None  # the agent programs' runner (agentrl/endpoint/agent.py): the first AgentEnv makes it
 
     @classmethod
     def from_config(cls, engine: InferenceEngine, tokenizer: ChatTokenizer, cfg: Any,
@@ -336,7 +285,7 @@ class RolloutEngine:
                     # Not wait_for: a TimeoutError raised by env code must stay an env error.
                     await asyncio.wait({body}, timeout=budget)
                     if not body.done():
-                        raise _End(Status.ABORTED, f"wall-clock budget of {self.trajectory_timeout_s:g}s exceeded")
+                        raise TrajectoryEnd(Status.ABORTED, f"wall-clock budget of {self.trajectory_timeout_s:g}s exceeded")
                     body.result()  # re-raises what ended the trajectory
                     paused = True  # _body returns only at a pause; every ending raises
                 finally:
@@ -347,7 +296,7 @@ class RolloutEngine:
                     if not paused and state.env is not None:
                         await _close(state.env)
                         state.env = None
-        except _End as end:
+        except TrajectoryEnd as end:
             _finish(traj, end.status, end.reason, end.overlong)
         except asyncio.CancelledError:  # cancel(), aclose() or a cancelled consumer
             _finish(traj, Status.ABORTED, "cancelled")
@@ -378,12 +327,10 @@ class RolloutEngine:
     # ------------------------------------------------------------------ the rollout loop
 
     async def _drive(self, state: RolloutState, env: Any) -> None:
-        """Run turns until the trajectory ends (raises _End) or a pause is requested (returns)."""
+        """Run turns until the trajectory ends (raises TrajectoryEnd) or a pause is requested (returns)."""
         if isinstance(env, AgentEnv):  # its program calls the model itself, through the policy endpoint
             if self._agents is None:
-                from agentrl.rollout.agent import AgentRunner  # the serve extra: fastapi, uvicorn, openai
-
-                self._agents = AgentRunner(self)
+                self._agents = env.episode_runner(self)
             await self._agents.run(state, env)
         traj = state.trajectory
         policy = context_policy_of(env, self.context_policy)
@@ -398,9 +345,9 @@ class RolloutEngine:
         try:
             while not (live is not None and live.pause):  # a pause lands on a turn boundary
                 if policy is not None and state.step >= policy.max_steps:
-                    raise _End(Status.TRUNCATED, "supo_max_steps", overlong=True)
+                    raise TrajectoryEnd(Status.TRUNCATED, "supo_max_steps", overlong=True)
                 await self._turn(state, env, policy)
-        except _End as end:
+        except TrajectoryEnd as end:
             if end.status is Status.TRUNCATED and end.reason != "env":  # we cut it: let the env score it
                 await self._finalize(traj, env)
             raise
@@ -436,7 +383,7 @@ class RolloutEngine:
             info = result.info or {}
             traj.outcome_reward = traj.reward = float(info.get("outcome_reward", 0.0))
             traj.reward_components = {k: float(v) for k, v in (info.get("reward_components") or {}).items()}
-            raise _End(Status.FINISHED if result.terminated else Status.TRUNCATED,
+            raise TrajectoryEnd(Status.FINISHED if result.terminated else Status.TRUNCATED,
                        "" if result.terminated else "env")
 
         # The assistant turn's closing tokens, then the observation messages, as the template
@@ -456,14 +403,14 @@ class RolloutEngine:
         context_len = len(seg.token_ids) if traj.mode == APPEND else len(self.chat.rendered(state.context))
         if policy is not None and context_len >= policy.threshold:
             if traj.num_summaries >= policy.max_compactions:
-                raise _End(Status.TRUNCATED, "supo_max_summaries", overlong=True)
+                raise TrajectoryEnd(Status.TRUNCATED, "supo_max_summaries", overlong=True)
             if policy.drop_last_pair:  # from the token context only: the env keeps its effects
                 del traj.segments[n_segments:]
                 traj.segments[-1].truncate(before)
                 del state.context[len(state.context) - 1 - len(result.observation):]
             await self._compact(state, policy)
         elif context_len >= self.max_context_tokens:
-            raise _End(Status.TRUNCATED, "context")
+            raise TrajectoryEnd(Status.TRUNCATED, "context")
 
     async def _compact(self, state: RolloutState, policy: ContextPolicy) -> None:
         """Append the policy's request, generate the compaction text (trained tokens; SUPO: the
@@ -491,7 +438,7 @@ class RolloutEngine:
     def _new_segment(self, traj: Trajectory, messages: list[Message]) -> None:
         ids = self.chat.prompt(messages)
         if len(ids) >= self.max_context_tokens:
-            raise _End(Status.TRUNCATED, "context")
+            raise TrajectoryEnd(Status.TRUNCATED, "context")
         seg = Segment(prompt_len=len(ids))
         seg.append(ids, policy=False)
         traj.segments.append(seg)
@@ -538,7 +485,7 @@ class RolloutEngine:
             seg = Segment(prompt_len=len(gen_prompt))
         room = limit - len(seg.token_ids) - len(gen_prompt)
         if room < 1:
-            raise _End(Status.TRUNCATED, "context")
+            raise TrajectoryEnd(Status.TRUNCATED, "context")
         seg.append(gen_prompt, policy=False)
         if seg is not traj.segments[-1]:
             traj.segments.append(seg)
@@ -550,7 +497,7 @@ class RolloutEngine:
         wall = time.perf_counter() - t0
         _add(traj.timings, "generate_s", wall)
         if out.finish_reason == "abort":
-            raise _End(Status.ABORTED, "the inference engine aborted the generation (engine closed?)")
+            raise TrajectoryEnd(Status.ABORTED, "the inference engine aborted the generation (engine closed?)")
         if not out.token_ids:
             raise RuntimeError("the inference engine returned no tokens")
         if traj.policy_versions - {out.version}:  # Laminar forbids mixing (algorithms.md §1.2)

@@ -1,9 +1,10 @@
-"""Agent episodes inside the rollout engine: an `AgentEnv`'s program runs against the policy
+"""Agent episodes for the rollout engine: an `AgentEnv`'s program runs against the policy
 endpoint, and its recorded requests become the trajectory (issue 54).
 
-The rollout engine hands an `AgentEnv` here instead of stepping it; everything around the episode
-(the concurrency bound, the wall-clock budget, cancellation, Laminar's weight-version rules,
-progress) stays the engine's. One endpoint serves every agent episode of a rollout engine: it is
+The rollout engine hands an `AgentEnv` here instead of stepping it: it sits below the endpoint,
+so it is handed this module's runner (`AgentEnv.runner_factory`, set by agentrl/__init__.py).
+Everything around the episode (the concurrency bound, the wall-clock budget, cancellation,
+Laminar's weight-version rules, progress) stays the engine's. One endpoint serves every agent episode of a rollout engine: it is
 started by the first episode and stopped when the last one ends, so nothing listens between
 rollouts or after the run.
 
@@ -28,10 +29,10 @@ from typing import Any
 import httpx
 import openai
 
-from agentrl.endpoint import Episode, PolicyEndpoint
+from agentrl.endpoint.server import Episode, PolicyEndpoint
 from agentrl.env import EnvError, EpisodeOverError
 from agentrl.inference.base import GenerateOutput, SamplingParams
-from agentrl.rollout.engine import RolloutState, _End
+from agentrl.rollout.state import RolloutState, TrajectoryEnd
 from agentrl.rollout.stepwise import Sample, segments_from_samples
 from agentrl.types import Message, Status, StepResult, Task
 
@@ -82,8 +83,8 @@ class AgentRunner:
                 await endpoint.stop()
 
     async def run(self, state: RolloutState, env: Any) -> None:
-        """Run the episode of `state.trajectory.task` on `env`; always ends by raising `_End` (or
-        an error / cancellation the engine turns into the trajectory's status)."""
+        """Run the episode of `state.trajectory.task` on `env`; always ends by raising
+        `TrajectoryEnd` (or an error / cancellation the engine turns into the trajectory's status)."""
         traj = state.trajectory
         traj.env = traj.env or str(getattr(env, "name", type(env).__name__))
         endpoint = await asyncio.shield(self._acquire())
@@ -97,15 +98,15 @@ class AgentRunner:
             except (Exception, SystemExit) as e:  # SystemExit too: a library's exit() ends one episode
                 self._build(state, episode)
                 if episode.samples and (refused := _refusal(episode)):
-                    raise _End(Status.TRUNCATED, refused) from e
+                    raise TrajectoryEnd(Status.TRUNCATED, refused) from e
                 raise AgentProgramError(f"{type(e).__name__}: {e}\n{traceback.format_exc()}") from e
             self._build(state, episode)
             if not episode.samples:
                 traj.metrics["agent_dropped"] = 1.0
-                raise _End(Status.ERROR, "dropped: the agent program never called the model")
+                raise TrajectoryEnd(Status.ERROR, "dropped: the agent program never called the model")
             traj.outcome_reward, traj.reward_components = await env.score(traj.task, result)
             traj.reward = traj.outcome_reward
-            raise _End(Status.FINISHED)
+            raise TrajectoryEnd(Status.FINISHED)
         finally:
             episode.close()  # aborts whatever the program still has in flight
             await asyncio.shield(self._close(client))
