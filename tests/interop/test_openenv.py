@@ -12,6 +12,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,10 +43,13 @@ def _listening(port: int) -> bool:
 
 
 def start_server(port: int, app: str = "openenv_guess:app") -> subprocess.Popen[bytes]:
-    """A fixture env served as OpenEnv serves any env: uvicorn on 127.0.0.1."""
+    """A fixture env served as OpenEnv serves any env: uvicorn on 127.0.0.1. Its log goes to a file:
+    a pipe nobody reads fills after 64 KB of warnings (a client that hangs up mid-session logs a
+    traceback) and then blocks the server."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - the server writes to it as long as it runs
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
                              "--port", str(port), "--log-level", "warning"], cwd=FIXTURES,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -54,7 +58,8 @@ def start_server(port: int, app: str = "openenv_guess:app") -> subprocess.Popen[
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"the OpenEnv fixture server did not start: {proc.stderr.read().decode()[-2000:]}")
+    log.seek(0)
+    raise RuntimeError(f"the OpenEnv fixture server did not start: {log.read().decode()[-2000:]}")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
