@@ -475,7 +475,9 @@ def store_mb() -> float:
         return 0.0
     from ray._private.internal_api import memory_summary  # Ray's own figure (`ray memory --stats-only`)
 
-    match = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(stats_only=True))
+    # This run's own cluster by address: another Ray instance on the machine makes the default ambiguous.
+    address = sys.modules["ray"].get_runtime_context().gcs_address
+    match = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(address=address, stats_only=True))
     return float(match.group(1)) if match else 0.0
 
 
