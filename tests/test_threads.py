@@ -45,11 +45,14 @@ def test_release_idle_workers_lets_the_calling_threads_pool_exit() -> None:
 
 
 def test_to_thread_releasing_leaves_no_pool_behind_in_the_executor() -> None:
+    def counted_work() -> tuple[int, int]:
+        # Counted on the executor's thread right around the work: a thread an earlier test left
+        # winding down may exit at any time, so the window stays as short as the work itself.
+        return _process_threads(), _parallel_work()
+
     async def run() -> tuple[int, int]:
         await asyncio.to_thread(lambda: None)  # the default executor's thread exists before we count
-        before = _process_threads()
-        during = await to_thread_releasing(_parallel_work)
-        return before, during
+        return await to_thread_releasing(counted_work)
 
     before, during = asyncio.run(run())
     assert during > before  # the pool's worker ran ...
