@@ -8,6 +8,19 @@ import os
 
 import pytest
 
+import agentrl.env
+
+
+@pytest.fixture(autouse=True)
+def _env_registry_restored() -> object:
+    """An env a test registers is gone after it: the next test sees the registry the package set."""
+    before = dict(agentrl.env._REGISTRY)
+    yield
+    for name in set(agentrl.env._REGISTRY) - set(before):
+        agentrl.env._REGISTRY.pop(name)
+        agentrl.env.gym.envs.registry.pop(agentrl.env.gym_id(name), None)
+    agentrl.env._REGISTRY.update(before)
+
 
 def _required() -> bool:
     return os.environ.get("AGENTRL_REQUIRE_ALL") == "1"
