@@ -230,7 +230,7 @@ class TrainerConfig:
     activation_checkpointing: bool = True  # recompute each decoder layer in backward (less memory)
     # glibc's mmap threshold during an RL learner step (heap.mapped_tensors): tensors this large get
     # their own mapping, given back when freed. null: 0.125 MiB where no in-process engine decodes
-    # beside the step (sync), else unmapped (laminar/loop.py learner_mmap_threshold)
+    # beside the step (sync), else unmapped (inference/cpu/policy.py learner_mmap_threshold)
     mmap_threshold_mb: float | None = None
     # Forward autocast dtype; weights and Adam stay fp32. auto: bfloat16 where the device multiplies it
     # natively (CUDA with bf16, a CPU with AVX512-BF16 or AMX), else float32 (models.autocast_dtype)

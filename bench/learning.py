@@ -274,7 +274,8 @@ async def run_agentrl(s: Settings, backend: str) -> dict[str, Any]:
     """Train with one backend until the budget; returns its points and run facts."""
 
     from agentrl.inference import make_engine
-    from agentrl.laminar.loop import learner_threads, run_training_async
+    from agentrl.inference.cpu.policy import learner_threads
+    from agentrl.laminar.loop import run_training_async
     from agentrl.models import resolve_model
     from agentrl.trainer.learner import Learner
 

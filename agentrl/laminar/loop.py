@@ -19,24 +19,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from agentrl.config import Config
-from agentrl.inference.base import InferenceEngine, SamplingParams, all_cores, own_cores
-from agentrl.inference.cpu.memory import LEARNER_MMAP_THRESHOLD, mapped_tensors, trim_heap
-from agentrl.inference.cpu.threads import (
-    release_idle_workers,
-    threads_per_block,
-    to_thread_releasing,
-    torch_threads,
-)
+from agentrl.inference.base import InferenceEngine, SamplingParams
+from agentrl.inference.cpu.memory import trim_heap
+from agentrl.inference.cpu.policy import LearnerStepPolicy, engine_on_idle_cores, learner_beside_engine
+from agentrl.inference.cpu.threads import release_idle_workers, to_thread_releasing
 from agentrl.laminar.buffer import ExperienceBuffer
 from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
@@ -194,70 +187,10 @@ async def barrier(system: LaminarSystem, version: int, poll_s: float = 0.01) -> 
         await asyncio.sleep(poll_s)
 
 
-def learner_mmap_threshold(backend: str, engines_in_process: bool, configured_mb: float | None) -> int | None:
-    """glibc's mmap threshold for the RL learner step, in bytes (None: glibc's own, unmapped).
-    `trainer.mmap_threshold_mb` when set; else 128 KiB where no in-process engine decodes beside the
-    step (`sync`, or no local engines) and unmapped where one does: the threshold is process-wide,
-    and at 128 KiB the engine's per-step tensors would be mapped and faulted in fresh as well (a
-    search step on global-async spent 25 s in the kernel, learn_s 49 -> 65 s). A threshold of a few
-    MiB maps the step's activations and gradients but not a decode step's small tensors."""
-    if configured_mb is not None:
-        return int(configured_mb * 2**20)
-    return LEARNER_MMAP_THRESHOLD if backend == "sync" or not engines_in_process else None
-
-
-def learner_threads(backend: str, engine_threads: int, cores: int) -> int:
-    """Intra-op threads for the learner step: every core where no in-process engine decodes
-    beside it (`sync` takes turns; Ray's engines are elsewhere), set explicitly because a worker
-    thread's default is not the event loop's (torch.set_num_threads on any thread outside an
-    OpenMP region moves libgomp's default for threads started later: a sync step in the suite ran
-    on 1 thread after an earlier test's engine step had set 1 on its own thread). Where in-process
-    engines decode beside the step (every backend but `sync`) it takes the cores they leave
-    (`HFEngine.num_threads`, at least 1): an oversubscribed OpenMP pool spin-waits, and on 2 cores
-    an update beside a decoding engine took 7.3 s on 2 threads and 6.7 s on 1 (4.5-5.0 s vs 4.9 s
-    alone, so the one thread costs little when the engine idles; in bench/learning.py's 900-s runs
-    an update step's learn time did not change measurably, stop 53). Those figures were taken while
-    libgomp throttled every second pool (threads.py); unthrottled, the step takes 3.3 s on 2
-    threads and 6.0 s on 1, which is why it takes the engine's core back when that idles."""
-    if backend == "sync" or engine_threads <= 0:
-        return cores
-    return max(1, cores - engine_threads)
-
-
-def _engine_threads(engines: list[Any]) -> int:
-    """The intra-op threads the in-process engines decode on beside a learner step, their own
-    share (`HFEngine.own_threads`; 0 for engines that do not say)."""
-    counts = (getattr(e, "own_threads", getattr(e, "num_threads", 0)) for e in engines)
-    return sum(t for t in counts if isinstance(t, int))
-
-
-def elastic_learner_threads(system: LaminarSystem, learner: Any, threads: int) -> Callable[[], int] | None:
-    """The learner step's thread count, re-read at each layer (`threads.threads_per_block`):
-    `threads` while a lone in-process engine decodes beside it, every core while that engine
-    idles (under one-step-off it finishes the next batch partway through a long update). None
-    where no engine decodes beside the step (`sync`, or none in this process) or the learner's
-    model is not in this process."""
-    if system.backend == "sync" or len(system.engines) != 1 or not isinstance(getattr(learner, "model", None), torch.nn.Module):
-        return None
-    engine, cores = system.engines[0], os.cpu_count() or 1
-    if not hasattr(engine, "decoding"):
-        return None
-    return lambda: threads if engine.decoding else max(threads, cores)
-
-
-def _learn(learner: Any, groups: list[Group], mmap_threshold: int | None, threads: int,
-           elastic: Callable[[], int] | None = None) -> dict[str, float]:
-    """One learner step on `threads` intra-op threads (`learner_threads`; `elastic`: re-read at
-    each layer), its tensors of `mmap_threshold` bytes and up mapped (`heap.mapped_tensors`; None: not),
-    so that what it frees goes back to the OS instead of fragmenting the heap. The thread count is
-    this worker thread's own once set (`threads.torch_threads`), so it is restored for whatever the thread
-    runs next."""
-    with (torch_threads(threads), phase("learner_step"),
-          mapped_tensors(mmap_threshold) if mmap_threshold is not None else contextlib.nullcontext(),
-          threads_per_block(learner.model, elastic) if elastic is not None else contextlib.nullcontext()):
-        metrics = learner.step(groups)
-    trim_heap()  # the step's gradients and activations are freed: give the pages back before the push
-    return metrics
+def _learn(learner: Any, groups: list[Group], policy: LearnerStepPolicy) -> dict[str, float]:
+    """One learner step under the run's CPU policy (threads, mapped tensors, a trimmed heap after)."""
+    with policy.applied(getattr(learner, "model", None)), phase("learner_step"):
+        return learner.step(groups)
 
 
 async def push_weights(system: LaminarSystem, learner: Any, version: int) -> float:
@@ -375,35 +308,14 @@ async def _buffer_version(system: LaminarSystem) -> int:
     return int((await system.buffer.stats())["version"])
 
 
-def engine_on_idle_cores(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
-    """A lone in-process engine that can (`HFEngine.all_cores`) decodes on every core for the run,
-    except while a learner step computes beside it (`learner_beside_engine`): on `sync` nothing
-    is generated during an update, and on the other backends the engine has the idle core
-    between updates, where a skipped update (no advantage) leaves the run waiting on generation
-    (the hf engine decodes 8 rows 1.25-1.3x faster on 2 cores than on 1, threads.py). Several
-    engines share the cores with each other and keep their own share."""
-    if len(system.engines) == 1:
-        return all_cores(system.engines[0])
-    return contextlib.nullcontext()
-
-
-def learner_beside_engine(system: LaminarSystem) -> contextlib.AbstractContextManager[Any]:
-    """While a learner step runs: a lone in-process engine that decodes meanwhile (every backend
-    but `sync`) goes back to its own share of the cores, and the learner takes the rest
-    (`learner_threads`)."""
-    if system.backend != "sync" and len(system.engines) == 1:
-        return own_cores(system.engines[0])
-    return contextlib.nullcontext()
-
-
 async def train(system: LaminarSystem, learner: Any, steps: int, batch_groups: int,
                 on_step: StepCallback | None = None, *, wait_timeout_s: float = 1800.0,
                 dynamic_sampling: bool = False, max_gen_batches: int = 10,
                 guide: Guide | None = None, mmap_threshold_mb: float | None = None) -> dict[str, Any]:
     """Run `steps` global-batch updates; returns the run summary (see `summarize`).
-    `mmap_threshold_mb`: `trainer.mmap_threshold_mb` (`learner_mmap_threshold`)."""
+    `mmap_threshold_mb`: `trainer.mmap_threshold_mb` (inference/cpu/policy.py)."""
     release_idle_workers()  # the event loop's thread loaded the models: its OpenMP workers would throttle the engine's
-    with engine_on_idle_cores(system):
+    with engine_on_idle_cores(system.engines):
         return await _train(system, learner, steps, batch_groups, on_step, wait_timeout_s=wait_timeout_s,
                             dynamic_sampling=dynamic_sampling, max_gen_batches=max_gen_batches, guide=guide,
                             mmap_threshold_mb=mmap_threshold_mb)
@@ -416,9 +328,7 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
     backend = system.backend
     if backend not in ("laminar", "sync", "global-async"):
         raise ValueError(f"unknown backend {backend!r}; expected 'laminar', 'sync' or 'global-async'")
-    mmap_threshold = learner_mmap_threshold(backend, bool(system.engines), mmap_threshold_mb)
-    threads = learner_threads(backend, _engine_threads(system.engines), os.cpu_count() or 1)
-    elastic = elastic_learner_threads(system, learner, threads)
+    policy = LearnerStepPolicy.for_run(backend, system.engines, getattr(learner, "model", None), mmap_threshold_mb)
     v = learner.version
     with phase("push"):
         await push_weights(system, learner, v)  # relays start from v
@@ -452,8 +362,8 @@ async def _train(system: LaminarSystem, learner: Any, steps: int, batch_groups: 
         if backend == "global-async":  # the next batch overlaps this update
             await release_through(step + 1)
         t1 = time.perf_counter()
-        with learner_beside_engine(system):
-            metrics = await to_thread_releasing(_learn, learner, groups, mmap_threshold, threads, elastic)
+        with learner_beside_engine(backend, system.engines):
+            metrics = await to_thread_releasing(_learn, learner, groups, policy)
         learn_s = time.perf_counter() - t1
         updated = learner.version != v  # a batch with nothing trainable leaves the weights alone
         v = learner.version

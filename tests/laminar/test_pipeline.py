@@ -6,19 +6,14 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from agentrl.laminar.loop import (
-    build_system,
-    learner_mmap_threshold,
-    learner_threads,
-    resolve_backend,
-    shutdown,
-    train,
-)
+from agentrl.inference.cpu.policy import LearnerStepPolicy, learner_mmap_threshold, learner_threads
+from agentrl.laminar.loop import build_system, resolve_backend, shutdown, train
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
@@ -179,7 +174,7 @@ async def test_baselines(tokenizer, backend, max_stale, monkeypatch):
                                              n_workers=1)
     engines[0].num_threads = 1  # as HFEngine's on 2 cores: the learner takes the rest beside it
     mapped_steps = []  # heap.mapped_tensors is process-wide: only when no engine decodes beside the step
-    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
+    monkeypatch.setattr("agentrl.inference.cpu.policy.mapped_tensors", lambda threshold: mapped_steps.append(threshold) or contextlib.nullcontext())
     learner = FakeLearner()
     cores_seen = _record_cores(engines[0], learner)
     # a set on a thread that never had its own count moves the default of threads started later
@@ -286,13 +281,28 @@ def test_learner_step_mmap_threshold_is_the_configured_one_or_automatic() -> Non
     assert learner_mmap_threshold("sync", True, 0.5) == 512 << 10
 
 
+def test_the_learner_step_policy_takes_an_idle_lone_engines_cores_back(monkeypatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    engine = SimpleNamespace(own_threads=1, decoding=True)
+    model = torch.nn.Linear(2, 2)
+    policy = LearnerStepPolicy.for_run("global-async", [engine], model)
+    assert policy.threads == 3 and policy.mmap_threshold is None and policy.elastic is not None
+    assert policy.elastic() == 3  # the engine decodes: its core stays its own
+    engine.decoding = False
+    assert policy.elastic() == 4  # it idles: the step takes every core
+    sync = LearnerStepPolicy.for_run("sync", [engine], model)  # taking turns: every core, mapped, fixed
+    assert (sync.threads, sync.mmap_threshold, sync.elastic) == (4, 128 << 10, None)
+    remote = LearnerStepPolicy.for_run("laminar", [], None)  # engines and learner elsewhere (Ray, vLLM)
+    assert (remote.threads, remote.mmap_threshold, remote.elastic) == (4, 128 << 10, None)
+
+
 def test_run_training_entry_point(tokenizer, monkeypatch):
     from agentrl.laminar import run_training
 
     cfg = small_config("laminar", **{"trainer.steps": 2, "trainer.mmap_threshold_mb": 2})
     steps = []
     thresholds = []  # the configured threshold reaches each learner step, even beside in-process engines
-    monkeypatch.setattr("agentrl.laminar.loop.mapped_tensors",
+    monkeypatch.setattr("agentrl.inference.cpu.policy.mapped_tensors",
                         lambda threshold: thresholds.append(threshold) or contextlib.nullcontext())
     summary = run_training(cfg, make_env, tail_tasks(2, long_turns=2, tool_s=0.01),
                            FakeLearner(train_s=0.01), [FakeEngine(tokenizer, seed=i) for i in range(2)],

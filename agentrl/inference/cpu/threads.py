@@ -34,7 +34,7 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     """Run the block on `threads` intra-op threads (None: as set), restored after it. A thread
     that has set its count keeps it whatever other threads set (an engine's and a learner's worker
     threads each their own), but one that never has follows libgomp's default, which a set on any
-    such thread moves: where the count matters, set it (`loop.learner_threads` does, always)."""
+    such thread moves: where the count matters, set it (`policy.LearnerStepPolicy` does, always)."""
     if threads is None:
         yield
         return
