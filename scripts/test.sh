@@ -14,7 +14,7 @@ if [ "$(id -u)" = 0 ]; then
   export AGENTRL_REQUIRE_ALL=${AGENTRL_REQUIRE_ALL:-1}
 fi
 
-"$VENV/bin/python" -m pytest -q -ra --durations=25 "$@"
+"$VENV/bin/python" -m pytest -q -ra --durations=40 "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "[test] pytest collected no tests: failing on purpose"
