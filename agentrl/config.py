@@ -473,10 +473,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def load_config(env: str | None = None, config_file: str | Path | None = None,
                 overrides: list[str] | None = None) -> Config:
-    """base.yaml ← configs/<env>.yaml (if any) ← config_file ← dotted overrides."""
+    """base.yaml ← configs/<env>.yaml, or for a foreign env "SCHEME:SPEC" configs/schemes/<SCHEME>.yaml
+    (if any) ← config_file ← dotted overrides."""
     data = _read_yaml(CONFIG_DIR / "base.yaml") if (CONFIG_DIR / "base.yaml").exists() else {}
     if env is not None:
         env_file = CONFIG_DIR / f"{env}.yaml"
+        if ":" in env:  # a scheme's defaults (a module's own "module:Class" has no file there)
+            env_file = CONFIG_DIR / "schemes" / f"{env.partition(':')[0]}.yaml"
         if env_file.exists():
             data = _merge(data, _read_yaml(env_file))
         data = _merge(data, {"env": {"name": env}})

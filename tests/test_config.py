@@ -19,6 +19,15 @@ def test_defaults_and_env_file_and_overrides() -> None:
     assert cfg.trainer.betas == (0.9, 0.99)
 
 
+def test_a_foreign_env_family_has_its_own_defaults_and_a_users_module_does_not() -> None:
+    games = load_config(env="textarena:GuessTheNumber-v0")
+    assert games.trainer.warm_start.source == "rft" and games.sampling.max_tokens == 16  # configs/schemes/
+    assert load_config(env="reasoning_gym:chain_sum").sampling.max_tokens == 64
+    # overrides still win, and "module:Class" (no scheme file of its name) keeps base.yaml's values
+    assert load_config(env="textarena:X", overrides=["sampling.max_tokens=9"]).sampling.max_tokens == 9
+    assert load_config(env="my_env:AddEnv").sampling.max_tokens == load_config().sampling.max_tokens
+
+
 def test_sandbox_pool_defaults_to_one_sandbox_per_trajectory_in_flight() -> None:
     # fewer would make the rest wait for a sandbox, on their wall-clock budget (half the code
     # trajectories were aborted at 300 s with pool_size 4 under concurrency 8)

@@ -116,7 +116,8 @@ def test_bad_rft_settings_exit_2_before_any_work(env_dir: Path, overrides: list[
 
 
 def test_an_env_without_demonstrations_names_rft_as_the_fix(env_dir: Path) -> None:
-    out = run_cli("train", "--env", "textarena:GuessTheNumber-v0", "trainer.warm_start.enabled=true",
+    out = run_cli("train", "--env", "trl:reply_env:ReplyEnv", "env.kwargs.tasks=rows.jsonl",
+                  "env.kwargs.reward_funcs=[reply_env:even_reply]", "trainer.warm_start.enabled=true",
                   f"run.dir={env_dir / 'runs'}", cwd=env_dir)
     assert out.returncode == 2
     assert "has no demonstrations" in (line := one_error_line(out)) and "trainer.warm_start.source=rft" in line

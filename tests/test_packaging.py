@@ -1,0 +1,40 @@
+"""A wheel holds every module and config file of the source tree: `pip install .` (the Dockerfile's
+cluster-node image) is not an editable install, and a package missing from pyproject's explicit
+list is missing there only (a wheel once lacked agentrl.endpoint and agentrl.inference.cpu)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# source folder -> where the wheel puts it (pyproject.toml [tool.setuptools.package-dir])
+MAPPED = {"agentrl": "agentrl", "envs": "agentrl/envs", "tools": "agentrl/tools",
+          "sandboxes": "agentrl/sandboxes", "configs": "agentrl/configs"}
+
+
+def test_the_wheel_holds_every_module_and_config_file(tmp_path: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    tracked = [rel for rel in files if rel.partition("/")[0] in MAPPED]
+    expected = set()
+    for rel in tracked:
+        top, _, rest = rel.partition("/")
+        if rel.endswith((".py", ".yaml")) and (ROOT / rel).is_file():
+            expected.add(f"{MAPPED[top]}/{rest}")
+    assert "agentrl/inference/cpu/policy.py" in expected and "agentrl/configs/base.yaml" in expected
+    src = tmp_path / "src"  # a copy: setuptools' build/ folder in a working tree can hold stale files
+    for rel in [*tracked, "pyproject.toml", "README.md", "LICENSE"]:
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("agentrl-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = set(z.namelist())
+    assert sorted(expected - shipped) == []
