@@ -33,27 +33,18 @@ def _train(tmp_path: Path, name: str, *overrides: str, options: tuple[str, ...] 
 
 
 @pytest.mark.ray
-def test_train_ray_local(tmp_path: Path) -> None:
-    """`agentrl train --env code --ray local trainer.steps=1` trains and leaves no Ray process."""
+def test_train_ray_local_with_sharded_learners(tmp_path: Path) -> None:
+    """`agentrl train --env code --ray local trainer.num_learners=2 trainer.steps=1`: the rollout
+    worker and its sandbox pool are actors of the run's local Ray cluster (Laminar is the backend
+    there), the two FSDP2 learner ranks too; the step trains, and no Ray process outlives the run."""
     pytest.importorskip("ray")
     before = _pids("raylet") | _pids("gcs_server")
-    run_dir = _train(tmp_path, "ray", options=("--ray", "local"))
+    run_dir = _train(tmp_path, "ray", "trainer.num_learners=2", options=("--ray", "local"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["runtime"], summary["backend"]) == ("ray", "laminar")  # laminar.backend=auto on Ray
     [(node, pool)] = summary["sandbox_pools"].items()  # one node, one pool actor: the worker's
     [worker] = summary["workers"].values()
     assert (pool["backend"], worker["node"]) == ("local", node) and pool["acquires_by_pid"][str(worker["pid"])] > 0
-    assert not (_pids("raylet") | _pids("gcs_server")) - before, "the run's local Ray cluster outlived it"
-
-
-@pytest.mark.ray
-def test_train_ray_sharded_learners(tmp_path: Path) -> None:
-    """`agentrl train --env code --ray local trainer.num_learners=2 trainer.steps=1`: the two
-    FSDP2 learner ranks are Ray actors of the run's cluster; the step trains and nothing outlives it."""
-    pytest.importorskip("ray")
-    before = _pids("raylet") | _pids("gcs_server")
-    run_dir = _train(tmp_path, "ray-learners", "trainer.num_learners=2", options=("--ray", "local"))
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["learners"] == {"num_learners": 2, "placement": "ray", "device": "cpu"}
     rows = metrics(run_dir)  # a step that trained moved the ranks' weights to version 1 and pushed them
     assert rows[-1]["version"] == trained(rows) and list((run_dir / "checkpoints").glob("step_*.pt"))
