@@ -61,6 +61,10 @@ class ReasoningGymEnv(ToolEnv):
         num_test_tasks: held-out tasks
         seed: the train split's seed; the held-out split uses seed + 1000003
         python: give the model the `python` tool (runs in the episode's sandbox)
+        success_only: reward 1 for a fully correct answer (score_answer == 1) and 0 otherwise;
+            the dataset's own score stays a reward component ("score"). Many datasets give partial
+            credit to an answer that merely contains the right one ("19" for 9 scores 0.5), which a
+            policy learns to exploit (configs/schemes/reasoning_gym.yaml turns this on)
         dataset_config: {NAME: {option: value}} passed to `reasoning_gym.create_dataset`
     and every `ToolEnv` option (max_turns, parser, sandbox_pool, ...).
     """
@@ -69,7 +73,7 @@ class ReasoningGymEnv(ToolEnv):
 
     def __init__(self, spec: str, num_tasks: int = 500, num_test_tasks: int = 100, seed: int = 0,
                  python: bool = False, dataset_config: dict[str, dict[str, Any]] | None = None,
-                 **kwargs: Any) -> None:
+                 success_only: bool = False, **kwargs: Any) -> None:
         self.check_spec(spec)
         self.names = dataset_names(spec)
         if num_tasks < 1 or num_test_tasks < 1:
@@ -83,6 +87,7 @@ class ReasoningGymEnv(ToolEnv):
         self.tools = (python_tool, submit) if python else (submit,)
         self.needs_sandbox = bool(python)
         self.use_python = bool(python)
+        self.success_only = bool(success_only)
         super().__init__(**kwargs)
         self.seed, self.sizes = int(seed), {"train": int(num_tasks), "test": int(num_test_tasks)}
         self.configs = {n: json.dumps((dataset_config or {}).get(n, {}), sort_keys=True) for n in self.names}
@@ -134,12 +139,13 @@ class ReasoningGymEnv(ToolEnv):
 
     async def reward(self, task: Task, state: Any) -> dict[str, float]:
         if not state_get(state, "submitted", False):
-            return {"reward": 0.0, "submitted": 0.0}
+            return {"reward": 0.0, "score": 0.0, "submitted": 0.0}
         dataset = _dataset(task["dataset"], -(-self.sizes["train"] // len(self.names)),
                            self._split_seed("train"), self.configs[task["dataset"]])
         entry = {"question": task["question"], "answer": task["answer"], "metadata": task["metadata"]}
         score = float(dataset.score_answer(answer=str(state_get(state, "answer", "")), entry=entry))
-        return {"reward": score, "submitted": 1.0}
+        reward = float(score >= 1.0) if self.success_only else score
+        return {"reward": reward, "score": score, "submitted": 1.0}
 
     async def demonstrate(self, task: Task) -> list[str]:
         """The dataset's own answer, submitted (teaches the format; the answer is the item's)."""

@@ -47,6 +47,22 @@ def test_splits_are_disjoint_and_the_reward_is_score_answer() -> None:
         env.close()
 
 
+def test_success_only_pays_a_fully_correct_answer_and_keeps_the_partial_score() -> None:
+    env = agentrl.make("reasoning_gym:basic_arithmetic", num_tasks=4, num_test_tasks=4, success_only=True)
+    try:
+        task = env.tasks("train")[0]
+        padded = "1" + str(task["answer"])  # contains the answer: partial credit from score_answer
+        rewards = {}
+        for answer in [str(task["answer"]), padded]:
+            env.reset(options={"task": task})
+            *_, info = env.step(_submit(env, answer))
+            rewards[answer] = (info["outcome_reward"], info["reward_components"]["score"])
+        assert rewards[str(task["answer"])] == (1.0, 1.0)
+        assert rewards[padded][0] == 0.0 and 0.0 < rewards[padded][1] < 1.0
+    finally:
+        env.close()
+
+
 def test_env_check_passes_with_and_without_the_python_tool() -> None:
     out = run_cli("env", "check", SPEC, "num_tasks=20", "num_test_tasks=10")
     assert out.returncode == 0, out.stdout + out.stderr
