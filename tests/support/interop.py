@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # The smallest training run that still goes through every box (tests/test_train_e2e.py's budget).
-TINY = ["trainer.batch_groups=1", "rollout.group_size=2", "rollout.concurrency=2", "sampling.max_tokens=24",
+TINY = ["trainer.batch_groups=1", "trainer.dynamic_sampling=false", "rollout.group_size=2", "rollout.concurrency=2", "sampling.max_tokens=24",
         "trainer.micro_batch_size=2", "sandbox.pool_size=1", "trainer.warm_start.enabled=false",
         "eval.enabled=false", "--quiet"]
 
