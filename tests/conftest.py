@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import gymnasium
 import pytest
 
 import agentrl.env
@@ -18,7 +19,7 @@ def _env_registry_restored() -> object:
     yield
     for name in set(agentrl.env._REGISTRY) - set(before):
         agentrl.env._REGISTRY.pop(name)
-        agentrl.env.gym.envs.registry.pop(agentrl.env.gym_id(name), None)
+        gymnasium.envs.registry.pop(agentrl.env.gym_id(name), None)
     agentrl.env._REGISTRY.update(before)
 
 

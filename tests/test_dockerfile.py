@@ -9,24 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.checkout import copy_checkout
 from tests.support.docker import require_docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 TAG = "agentrl-node:test"
 
 
 def test_dockerfile_builds_from_base_image_and_runs_help(tmp_path: Path) -> None:
     require_docker()
     ctx = tmp_path / "ctx"
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    for rel in files:
-        src = ROOT / rel
-        if src.is_file() and not rel.startswith(("tests/", "bench/", "docs/")):
-            (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, ctx / rel)
+    copy_checkout(ctx, lambda rel: not rel.startswith(("tests/", "bench/", "docs/")))
     (ctx / "wheels").mkdir(exist_ok=True)
     for wheel in Path("/opt/wheels").glob("torch-*.whl"):  # the machine's CPU torch, if it has one
         shutil.copy2(wheel, ctx / "wheels" / wheel.name)

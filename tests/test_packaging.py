@@ -4,33 +4,24 @@ list is missing there only (a wheel once lacked agentrl.endpoint and agentrl.inf
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.checkout import copy_checkout
+
 # source folder -> where the wheel puts it (pyproject.toml [tool.setuptools.package-dir])
 MAPPED = {"agentrl": "agentrl", "envs": "agentrl/envs", "tools": "agentrl/tools",
           "sandboxes": "agentrl/sandboxes", "configs": "agentrl/configs"}
 
 
 def test_the_wheel_holds_every_module_and_config_file(tmp_path: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    tracked = [rel for rel in files if rel.partition("/")[0] in MAPPED]
-    expected = set()
-    for rel in tracked:
-        top, _, rest = rel.partition("/")
-        if rel.endswith((".py", ".yaml")) and (ROOT / rel).is_file():
-            expected.add(f"{MAPPED[top]}/{rest}")
-    assert "agentrl/inference/cpu/policy.py" in expected and "agentrl/configs/base.yaml" in expected
     src = tmp_path / "src"  # a copy: setuptools' build/ folder in a working tree can hold stale files
-    for rel in [*tracked, "pyproject.toml", "README.md", "LICENSE"]:
-        if (ROOT / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, src / rel)
+    tracked = copy_checkout(src, lambda rel: rel.partition("/")[0] in MAPPED or rel in ("pyproject.toml", "README.md"))
+    expected = {f"{MAPPED[rel.partition('/')[0]]}/{rel.partition('/')[2]}" for rel in tracked
+                if rel.endswith((".py", ".yaml")) and rel.partition("/")[0] in MAPPED}
+    assert "agentrl/inference/cpu/policy.py" in expected and "agentrl/configs/base.yaml" in expected
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
