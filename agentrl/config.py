@@ -38,6 +38,8 @@ class ConfigError(ValueError):
 MOVED = {
     "trainer.seed": "run.seed (the run's one seed)",
     "model.dtype": "engine.dtype (the engine's one precision; auto follows trainer.dtype)",
+    "laminar.heartbeat_s": "laminar.repack_interval_s (a worker's death reaches the manager as it happens; "
+                           "loads are read at each repack)",
 }
 
 
@@ -272,7 +274,6 @@ class LaminarConfig:
     fetch_policy: Literal["wait_inflight", "local"] = "wait_inflight"
     max_staleness: int | None = None
     buffer_capacity: int = 256
-    heartbeat_s: float = 2.0
     chunk_bytes: int = 16 * 1024 * 1024
     ray_address: str | None = None
     wait_timeout_s: float = 1800.0  # the trainer's wait for one batch; then it names the dead workers

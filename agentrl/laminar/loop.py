@@ -61,7 +61,6 @@ class LaminarSystem:
     workers: dict[str, Any]
     manager: Any
     backend: str
-    heartbeat_s: float = 1.0
     started: float = field(default_factory=time.perf_counter)
     engines: list[Any] = field(default_factory=list)  # in-process engine objects (none on Ray)
     # name -> dtype the relays store a weight in: the in-process engines' forward precision, so
@@ -163,9 +162,9 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
     await asyncio.gather(*(w.start() for w in workers.values()))
     manager = rt.spawn(RolloutManager, workers, buffer=buffer, prompts=prompts, partial=partial,
                        max_batch=cfg.rollout.concurrency, repack_interval_s=lam.repack_interval_s,
-                       heartbeat_s=lam.heartbeat_s, name="manager")
+                       name="manager")
     await manager.start()
-    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend, lam.heartbeat_s,
+    return LaminarSystem(rt, buffer, prompts, partial, chain, workers, manager, backend,
                          engines=[e for e in engines if hasattr(e, "generate")],
                          weight_dtypes=rollout_weight_dtypes(list(engines)), push_adapters=engines_take_adapters(cfg))
 
@@ -214,7 +213,7 @@ async def wait_batch(system: LaminarSystem, n_groups: int, timeout_s: float) -> 
     """`buffer.sample(n_groups)` with a deadline; between polls the manager's verdict on the
     workers is checked, so a run whose workers all died fails at once, naming them and why."""
     deadline = time.monotonic() + timeout_s
-    poll_s = max(0.05, system.heartbeat_s)
+    poll_s = 0.5  # (the manager learns of a death as it happens; this is how soon the trainer asks)
     while True:
         left = deadline - time.monotonic()
         try:
@@ -222,7 +221,7 @@ async def wait_batch(system: LaminarSystem, n_groups: int, timeout_s: float) -> 
         except (asyncio.TimeoutError, TimeoutError):
             pass
         mgr = await system.manager.get_stats()
-        why = "; ".join(f"{n}: {mgr['failures'].get(n, 'no heartbeat')}" for n in mgr["dead"])
+        why = "; ".join(f"{n}: {mgr['failures'].get(n, 'no answer')}" for n in mgr["dead"])
         if not mgr["alive"]:
             raise TrainingStalled(f"every rollout worker is dead ({why}); no batch can be generated")
         if time.monotonic() >= deadline:

@@ -1,10 +1,12 @@
-"""Rollout manager: load metrics, Best-Fit repack, heartbeats and fault recovery.
+"""Rollout manager: load metrics, Best-Fit repack, worker supervision and fault recovery.
 
-Laminar (arXiv 2510.12633) §3.1, §4.3, §5; algorithms.md §1.4 and §1.6. Every tick the
-manager asks each worker for its load (the heartbeat: a dead worker fails to answer). Every
-`repack_interval_s`, and right after each weight update, it groups workers by weight version,
-runs `best_fit_repack` inside each group and moves every trajectory of a source to its
-destination; released sources pull new weights. A dead worker's in-flight trajectories
+Laminar (arXiv 2510.12633) §3.1, §4.3, §5; algorithms.md §1.4 and §1.6. Deaths are pushed, loads
+are pulled: the manager keeps one open `watch` call per worker, which returns (or, for a killed
+Ray actor, raises) the moment the worker fails, so a death is handled as it happens with no call
+per worker per tick. Every `repack_interval_s`, and right after each weight update, it reads
+every worker's load under one deadline (a hung worker misses it and counts as dead), groups the
+workers by weight version, runs `best_fit_repack` inside each group and moves every trajectory
+of a source to its destination; released sources pull new weights. A dead worker's in-flight trajectories
 (from the partial-response pool) restart on a live worker of the same version, or — when none
 is left — their whole group is dropped and regenerated, so no group is ever consumed half.
 """
@@ -48,20 +50,20 @@ def repack_inputs(loads: list[WorkerLoad], rule: IdleRule = "fall") -> dict[int,
 class RolloutManager:
     def __init__(self, workers: dict[str, Any], *, buffer: Any, prompts: Any, partial: Any,
                  c_max: float = 0.99, max_batch: int = 64, repack_interval_s: float = 5.0,
-                 heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 30.0, idle_rule: IdleRule = "fall",
+                 heartbeat_timeout_s: float = 30.0, idle_rule: IdleRule = "fall",
                  on_dead: Callable[[Any], Awaitable[None]] | None = None) -> None:
-        if repack_interval_s <= 0 or heartbeat_s <= 0:
-            raise ValueError("repack_interval_s and heartbeat_s must be > 0")
+        if repack_interval_s <= 0:
+            raise ValueError("repack_interval_s must be > 0")
         self.workers = dict(workers)
         self.buffer, self.prompts, self.partial = buffer, prompts, partial
         self.c_max, self.max_batch = c_max, max_batch
-        self.repack_interval_s, self.heartbeat_s = repack_interval_s, heartbeat_s
+        self.repack_interval_s = repack_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.on_dead = on_dead
         self.idle_rule = idle_rule
         self._trigger = asyncio.Event()
-        self._last_repack = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        self._watches: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         self.loads: dict[str, WorkerLoad] = {}
         self.dead: list[str] = []
@@ -73,11 +75,13 @@ class RolloutManager:
         self.decision_cpu_s: deque[float] = deque(maxlen=4096)  # their CPU (wall minus what others ran)
 
     async def start(self) -> None:
+        self._watches = [asyncio.ensure_future(self._watch(name)) for name in self.workers]
         self._task = asyncio.ensure_future(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in [self._task, *self._watches]:
+            if task is not None:
+                task.cancel()
 
     async def trigger(self) -> None:
         """A weight update happened: repack now (§1.4 trigger 2)."""
@@ -86,24 +90,35 @@ class RolloutManager:
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._trigger.wait(), self.heartbeat_s)
-            due = self._trigger.is_set() or time.monotonic() - self._last_repack >= self.repack_interval_s
+                await asyncio.wait_for(self._trigger.wait(), self.repack_interval_s)
             self._trigger.clear()
-            await self.check(repack=due)
+            await self.check()
+
+    async def _watch(self, name: str) -> None:
+        """Wait for one worker's end (its `watch` returns why, or raises: the actor is gone) and
+        recover its work at once."""
+        try:
+            why = await self.workers[name].watch()
+        except ActorDied as e:
+            why = str(e)
+        async with self._lock:
+            if name in self.workers:  # (a load poll may have found it first)
+                self.failures[name] = why
+                await self._recover(name)
 
     async def check(self, repack: bool = True) -> dict[str, Any]:
-        """One round: heartbeats, recovery of dead workers, and (if `repack`) Best-Fit."""
+        """One round: every worker's load (the heartbeat: the hung and the dead miss it), recovery
+        of those, and (if `repack`) Best-Fit."""
         async with self._lock:
-            await self._heartbeat()
+            await self._poll_loads()
             if repack:
-                self._last_repack = time.monotonic()
                 await self._repack()
         return await self.get_stats()
 
-    async def _heartbeat(self) -> None:
-        # One task a worker under one deadline for all: a wait_for per worker added a task, a
-        # timer and a future each, and at 1,024 workers the heartbeats were most of the
-        # controller's CPU (bench/controller.py).
+    async def _poll_loads(self) -> None:
+        # One task a worker under one deadline for all (a wait_for per worker adds a task, a
+        # timer and a future each), and only when a repack needs the loads: at 1,024 workers a
+        # poll every heartbeat was the controller's largest CPU cost (bench/controller.py).
         names = list(self.workers)
         if not names:
             return
@@ -147,7 +162,7 @@ class RolloutManager:
         try:
             moved = await s.export_all(version)
         except ActorDied:
-            return  # the next heartbeat recovers it
+            return  # its watch recovers it
         try:
             ok = bool(moved) and await d.import_trajectories(moved, version)
         except ActorDied:
@@ -202,7 +217,7 @@ class RolloutManager:
         return False
 
     async def decision_times(self, cpu: bool = False) -> list[float]:
-        """Seconds each of the latest repack rounds took to decide its plan (heartbeat loads in,
+        """Seconds each of the latest repack rounds took to decide its plan (polled loads in,
         moves out), for the run summary (bench/controller.py reports their p50/p99); `cpu`: the
         CPU seconds of each (what a busy machine's other processes cannot add to)."""
         return list(self.decision_cpu_s if cpu else self.decision_s)

@@ -119,6 +119,7 @@ class RolloutWorker:
         self._held = False  # exported for a repack, waiting for the manager's verdict
         self._pulling = False
         self._wake = asyncio.Event()
+        self._ended = asyncio.Event()  # failed or stopped: what `watch` waits for
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Future[Any]] = set()
         self.stats: dict[str, Any] = {"finished": 0, "written": 0, "groups_taken": 0, "moved_out": 0,
@@ -140,8 +141,8 @@ class RolloutWorker:
         return self.id
 
     async def _supervised(self, loop: Callable[[], Awaitable[None]]) -> None:
-        """A loop that raises kills the worker: its heartbeat fails from then on, so the
-        manager regenerates its trajectories elsewhere (a silent dead loop would hang the run)."""
+        """A loop that raises kills the worker: its `watch` returns, and every call of the manager's
+        fails from then on, so its trajectories regenerate elsewhere (a silent dead loop would hang the run)."""
         try:
             await loop()
         except asyncio.CancelledError:
@@ -149,6 +150,7 @@ class RolloutWorker:
         except Exception as e:  # any failure ends the worker
             self.failure = f"{loop.__name__}: {type(e).__name__}: {e}"
             self.stats["errors"].append(self.failure)
+            self._ended.set()
             for t in self._tasks:
                 if t is not asyncio.current_task():
                     t.cancel()
@@ -166,6 +168,7 @@ class RolloutWorker:
         self.relay = relay
 
     async def stop(self) -> None:
+        self._ended.set()
         for t in self._tasks:
             t.cancel()
         if self.runner is not None:
@@ -278,8 +281,15 @@ class RolloutWorker:
 
     # -- what the manager calls ----------------------------------------------------------------
 
+    async def watch(self) -> str:
+        """Returns, with why, when this worker fails or stops. The manager keeps one such call open
+        per worker: a death reaches it as it happens (a killed Ray actor's open call raises at
+        once), with no call per worker per tick."""
+        await self._ended.wait()
+        return f"{self.id} failed: {self.failure}" if self.failure is not None else f"{self.id} stopped"
+
     async def load(self) -> WorkerLoad:
-        """The heartbeat: a dead or hung worker fails to answer."""
+        """The heartbeat, polled at each repack: a dead or hung worker fails to answer."""
         if self.failure is not None:
             raise WorkerFailed(f"{self.id} failed: {self.failure}")
         tokens = sum(self._tokens.values())

@@ -138,7 +138,7 @@ class FakeLearner:
 def small_config(backend: str = "laminar", **over: Any) -> Config:
     overrides = [
         f"laminar.backend={backend}", "laminar.num_relays=2", "laminar.repack_interval_s=0.2",
-        "laminar.heartbeat_s=0.05", "rollout.group_size=2", "rollout.concurrency=4",
+        "rollout.group_size=2", "rollout.concurrency=4",
         "sampling.max_tokens=4", "trainer.batch_groups=2", "trainer.steps=4",
         "rollout.max_context_tokens=1024",
         "laminar.wait_timeout_s=240",  # a worker that cannot start fails the test, not pytest's timeout

@@ -79,7 +79,7 @@ async def test_sigkill_of_a_rollout_worker_process_mid_step(tmp_path: Path, monk
     monkeypatch.setenv(CHAOS_TAG, tag)  # inherited by every process Ray starts for this run
     steps = 3
     cfg = load_config(env="code", overrides=[*TINY, f"trainer.steps={steps}", "laminar.ray_address=local",
-                                             "laminar.heartbeat_s=0.5", "laminar.wait_timeout_s=300",
+                                             "laminar.wait_timeout_s=300",
                                              f"run.dir={tmp_path}", "run.name=chaos"])
     G = cfg.rollout.group_size
     # what agentrl/run.py builds for `agentrl train --env code --ray local`
