@@ -6,8 +6,9 @@
     await status.poll()                    # run.py's display, every second or so
     status.line()  # 'rollout · 3 done, 4 running · ctx +120 tok/s · last step: reward 0.125, 38 policy tok/s'
 
-The counts come from the partial-response pool (in-flight trajectories and their token counts)
-through the same awaitable handles the loop uses, so they work on the local and the Ray runtime.
+The counts come from the partial-response pool (in-flight trajectories and the tokens they grew
+by), one `stats()` call a poll through the same awaitable handles the loop uses, so they work on
+the local and the Ray runtime at any number of workers.
 The pool hears a trajectory's length after each generation and each tool observation, so the live
 rate ("ctx") is context growth, not policy tokens alone; the exact policy tokens/s of the rollout
 comes with each finished step (metrics.jsonl's tokens_per_s).
@@ -35,14 +36,12 @@ class RunStatus:
         self.last_policy_tps: float | None = None  # that step's policy tokens/s
         self.last_step: int | None = None
         self._system: Any = None
-        self._seen: dict[str, int] = {}  # trajectory id -> tokens at the last poll
-        self._generated = 0  # policy tokens seen growing since watch()
+        self._generated = 0  # tokens the watched system's trajectories grew by
         self._samples: deque[tuple[float, int]] = deque()
 
     def watch(self, system: Any) -> None:
-        """Follow a running Laminar system (anything with `partial` and `workers` handles)."""
+        """Follow a running Laminar system (anything with a `partial` handle)."""
         self._system = system
-        self._seen.clear()
         self._samples.clear()
 
     def step_done(self, step: int, reward: float, policy_tokens_per_s: float | None = None) -> None:
@@ -56,13 +55,9 @@ class RunStatus:
             return
         try:
             stats = await system.partial.stats()
-            entries = [e for w in list(system.workers) for e in await system.partial.of_worker(w)]
         except Exception:
             return
-        tokens = {e.traj_id: e.tokens for e in entries}
-        # growth only: a trajectory's first report is mostly its prompt, so it sets the baseline
-        self._generated += sum(max(0, n - self._seen[t]) for t, n in tokens.items() if t in self._seen)
-        self._seen = tokens
+        self._generated = int(stats.get("tokens_grown", 0))
         self.in_flight, self.finished = int(stats["in_flight"]), int(stats["closed"])
         now = time.monotonic()
         self._samples.append((now, self._generated))

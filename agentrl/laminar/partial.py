@@ -4,9 +4,10 @@ Laminar (arXiv 2510.12633) §3.1 and §4.3; algorithms.md §1.6. Workers registe
 when they start it, stream its token count as it grows, and close it when it reaches the
 experience buffer. When a worker dies, the manager reads its entries here and restarts them.
 
-Every call costs O(its own entries): the entries are indexed by worker too, so asking for one
-worker's (the progress display asks for every worker's each second) does not scan the pool
-(at 1,024 workers x 16 trajectories that scan was 16M entries a second; bench/controller.py).
+Every call costs O(its own entries): the entries are indexed by worker too, so the manager asking
+for a dead worker's does not scan the pool. The progress display reads `stats()` alone, one call a
+tick: the pool sums the tokens its trajectories grew by itself (a call per worker per tick was
+1,024 calls a second at 1,024 workers, bench/controller.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class PartialResponsePool:
         self._by_worker: defaultdict[str, dict[str, PartialEntry]] = defaultdict(dict)
         self.closed = 0
         self.tokens_in_flight = 0
+        self.tokens_grown = 0  # growth after each trajectory's first report (that one is mostly its prompt)
 
     async def open(self, entries: list[PartialEntry]) -> None:
         for e in entries:
@@ -40,6 +42,8 @@ class PartialResponsePool:
         e = self.entries.get(traj_id)
         if e is not None:
             self.tokens_in_flight += tokens - e.tokens
+            if e.tokens:
+                self.tokens_grown += max(0, tokens - e.tokens)
             e.tokens, e.updated = tokens, time.monotonic()
 
     async def move(self, traj_ids: list[str], worker: str) -> None:
@@ -68,4 +72,5 @@ class PartialResponsePool:
         return list(self._by_worker.get(worker, {}).values())
 
     async def stats(self) -> dict[str, Any]:
-        return {"in_flight": len(self.entries), "closed": self.closed, "tokens_in_flight": self.tokens_in_flight}
+        return {"in_flight": len(self.entries), "closed": self.closed, "tokens_in_flight": self.tokens_in_flight,
+                "tokens_grown": self.tokens_grown}
