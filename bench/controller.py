@@ -17,7 +17,7 @@ trains through the same `train`. Only the GPUs are stood in for, and nothing els
   `--state-mb` bf16 bytes (views, as the real learner's `state_dict_views`).
 - `ModelledEnv` is a cheap multi-turn env whose tool calls sleep a lognormal latency.
 
-Every modelled delay and the manager's heartbeat and repack periods are divided by `--speedup`, so
+Every modelled delay and the manager's repack period are divided by `--speedup`, so
 the controller sees `--speedup` times the event rate of a real cluster of that size while its
 costs per trajectory stay what they would be.
 
@@ -315,7 +315,7 @@ def run_config(args: argparse.Namespace, workers: int) -> Config:
     G = args.group_size
     return load_config(overrides=[
         "laminar.backend=laminar", f"laminar.num_workers={workers}", "laminar.num_relays=1",
-        f"laminar.heartbeat_s={2.0 / args.speedup}", f"laminar.repack_interval_s={5.0 / args.speedup}",
+        f"laminar.repack_interval_s={5.0 / args.speedup}",
         "laminar.wait_timeout_s=600", f"laminar.buffer_capacity={max(256, 4 * args.batch_groups(workers))}",
         f"rollout.group_size={G}", f"rollout.concurrency={args.per_worker}",
         f"rollout.max_context_tokens={args.max_response_tokens // args.token_scale + 1024}",
@@ -419,12 +419,17 @@ def await_free(summary: dict[str, Any], key: str) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 
 
-def memcpy_gb_s(nbytes: int) -> float:
-    """This machine's single-thread memcpy bandwidth (best of 3 over `nbytes`, pages faulted in)."""
+def memcpy_gb_s(nbytes: int, fresh: bool = False) -> float:
+    """This machine's single-thread memcpy bandwidth, best of 3 over `nbytes`: into a buffer whose
+    pages are faulted in, or (`fresh`) into a newly allocated one, which is what a push into a new
+    buffer costs at best (first-touch page faults: on a VM they can be several times a memcpy)."""
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.zeros(nbytes, dtype=torch.uint8)
     best = math.inf
     for _ in range(3):
+        if fresh:
+            del dst
+            dst = torch.empty(nbytes, dtype=torch.uint8)
         t0 = time.perf_counter()
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
@@ -549,6 +554,7 @@ async def fanout_in_process(nbytes: int, n_workers: int, ray: bool) -> dict[str,
 
 def fanout_suite(nbytes: int, counts: list[int], ray: bool) -> dict[str, Any]:
     bw = memcpy_gb_s(min(nbytes, 512 * 2**20))
+    fresh_bw = memcpy_gb_s(min(nbytes, 512 * 2**20), fresh=True)
     runs = []
     for n in counts:
         cmd = [sys.executable, __file__, "--fanout-one", str(n), "--fanout-gb", str(nbytes / 1e9),
@@ -560,7 +566,8 @@ def fanout_suite(nbytes: int, counts: list[int], ray: bool) -> dict[str, Any]:
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     for r in runs:
         r["gb_per_s_over_memcpy"] = round(r["gb_per_s"] / bw, 3)
-    return {"memcpy_gb_per_s": round(bw, 3), "runs": runs}
+        r["gb_per_s_over_fresh_memcpy"] = round(r["gb_per_s"] / fresh_bw, 3)
+    return {"memcpy_gb_per_s": round(bw, 3), "fresh_memcpy_gb_per_s": round(fresh_bw, 3), "runs": runs}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -651,6 +658,7 @@ def main(argv: list[str] | None = None) -> None:
         rec["headroom_over_paper_1024"] = round(capacity / paper, 2) if capacity else None
         rec["relay_copies_per_node"] = widest["copies_per_node"]
         rec["relay_gb_per_s_over_memcpy"] = widest["gb_per_s_over_memcpy"]
+        rec["relay_gb_per_s_over_fresh_memcpy"] = widest["gb_per_s_over_fresh_memcpy"]
         rec["relay_fanout"] = fan
         if ray_fan is not None:
             rec["relay_fanout_ray"] = ray_fan

@@ -15,7 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = "bench/controller.py"
 KEYS = {"workers", "trajectories_per_s", "controller_cpu_s_per_1k", "headroom_over_paper_1024", "repack_p99_ms",
-        "handoff_p99_ms", "relay_copies_per_node", "relay_gb_per_s_over_memcpy", "rss_mb_per_worker"}
+        "handoff_p99_ms", "relay_copies_per_node", "relay_gb_per_s_over_memcpy", "relay_gb_per_s_over_fresh_memcpy",
+        "rss_mb_per_worker"}
 COMPONENTS = {"relay", "manager", "buffer", "pools", "loop", "threads"}
 
 
