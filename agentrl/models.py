@@ -266,10 +266,10 @@ def cast_for_autocast(model: torch.nn.Module, dtype: str) -> set[str]:
 def load_model(path: str | os.PathLike[str], dtype: str | torch.dtype = "float32",
                device: str = "cpu", **kwargs: Any) -> PreTrainedModel:
     """A causal LM from a model folder (or name), in eval mode on `device`, with grouped-query
-    attention that does not copy key/value heads (agentrl/inference/cpu/attention.py) unless told otherwise."""
+    attention that does not copy key/value heads (agentrl/attention.py) unless told otherwise."""
     from transformers import AutoModelForCausalLM  # heavy lazy load, as torch above
 
-    from agentrl.inference.cpu.attention import register  # imports transformers: heavy, as above
+    from agentrl.attention import register  # imports transformers: heavy, as above
 
     folder = str(_as_folder(path))
     if "attn_implementation" in kwargs:

@@ -9,7 +9,7 @@ Figures: `convert_s` (GGUF → HF folder into a fresh temp cache, only with --co
 `decode_step_cpu_s` (with `--decode-rows`): the CPU seconds of one batched decode step over a
 left-padded cache of `--decode-context` tokens per row, one thread, for transformers' defaults
 (`sdpa`, which copies the key/value heads per query head under a mask, and `DynamicCache`, which
-concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/inference/cpu/attention.py) on that
+concatenates the whole cache every step), agentrl's `sdpa_gqa` (agentrl/attention.py) on that
 cache, and `sdpa_gqa` on the in-place cache the hf engine uses (agentrl/inference/cpu/kv_cache.py);
 and the engine in bf16 (`engine.dtype: auto` under a bf16 trainer: linear weights and cache in bf16,
 autocast, and the decode attention `half_precision_flash()` picks: torch's flash kernel with AMX,

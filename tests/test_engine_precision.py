@@ -10,11 +10,12 @@ import asyncio
 import pytest
 import torch
 
+from agentrl import attention
+from agentrl.attention import flash_decode_attention, grouped_decode_attention
 from agentrl.config import load_config
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
-from agentrl.inference.cpu import attention, packed_linear
-from agentrl.inference.cpu.attention import flash_decode_attention, grouped_decode_attention
+from agentrl.inference.cpu import packed_linear
 from agentrl.inference.cpu.packed_linear import PackedLinear
 from agentrl.laminar.relay import Relay, layout
 from agentrl.models import autocast_weight_names, load_model, load_tokenizer, resolve_configured
@@ -104,7 +105,7 @@ async def test_a_short_batched_bf16_prefill_samples_its_left_padded_rows(monkeyp
     are prefilled through the grouped attention (or the flash kernel), where a left-padding query
     attends to nothing. Its output must stay finite: the next layer reads that position back as a
     masked key (0 x NaN is NaN), and stop 38's first version sampled the padded rows from NaN log-probs."""
-    from agentrl.inference.cpu.attention import MAX_GROUPED_QUERIES
+    from agentrl.attention import MAX_GROUPED_QUERIES
 
     monkeypatch.setattr(attention, "half_precision_flash", lambda: flash)
 

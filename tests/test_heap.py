@@ -128,7 +128,7 @@ def test_importing_the_cpu_modules_changes_nothing_in_the_process() -> None:
     script = ("import os, json, torch, transformers, transformers.masking_utils, transformers.cache_utils\n"
               "import transformers.integrations.sdpa_attention\n"
               "before = dict(os.environ)\n"
-              "import agentrl.inference.cpu.attention, agentrl.inference.cpu.kv_cache, agentrl.inference.cpu.memory\n"
+              "import agentrl.attention, agentrl.inference.cpu.kv_cache, agentrl.inference.cpu.memory\n"
               "import agentrl.inference.cpu.packed_linear, agentrl.inference.cpu.speculation, agentrl.inference.cpu.threads\n"
               "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))")
     clean = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}

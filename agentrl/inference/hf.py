@@ -48,8 +48,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from agentrl.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
 from agentrl.inference.base import GenerateOutput, SamplingParams
-from agentrl.inference.cpu.attention import RAGGED, SDPA_GQA, RaggedPart, causal_padding_mask
 from agentrl.inference.cpu.kv_cache import (
     Hit,
     PrefixStore,
@@ -156,7 +156,7 @@ class HFEngine:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             bound_kernel_caches()  # before this process's first bf16 kernel (inference/cpu/memory.py)
-        # attn_implementation / in_place_kv: None and True are the fast defaults (inference/cpu/attention.py,
+        # attn_implementation / in_place_kv: None and True are the fast defaults (agentrl/attention.py,
         # kv_cache.py); "sdpa" and False give transformers' own, which the benchmarks compare against.
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         self.model = load_model(model_path, dtype=dtype, device=device, **extra)
@@ -578,7 +578,7 @@ class HFEngine:
         """Each pass's logits (rows, 1 or width, vocab). With `fuse_passes` the step's rectangles
         (its decode rows, its new rows' prompt groups) go through the model as one ragged pass:
         every token through the linear layers at once, attention per rectangle against its own
-        cache (`agentrl.inference.cpu.attention.ragged_attention`). A forward's cost is mostly a fixed part (the
+        cache (`agentrl.attention.ragged_attention`). A forward's cost is mostly a fixed part (the
         weights streamed once), so a step that also prefills pays it once instead of per pass.
         The last `prefills` passes are prefills: their own passes' count and time are metered."""
         m = self.metrics

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.inference.cpu.attention import SDPA_GQA, SHARED_PREFIX
+from agentrl.attention import SDPA_GQA, SHARED_PREFIX
 from agentrl.trainer import shared_prefix
 
 # Policy tokens per LM-head chunk: 256 × V(49152) fp32 = 50 MB of logits; backward holds about

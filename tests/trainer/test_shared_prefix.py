@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.inference.cpu.attention import register
+from agentrl.attention import register
 from agentrl.trainer import logprobs, shared_prefix
 from agentrl.trainer.learner import enable_activation_checkpointing
 from agentrl.trainer.logprobs import token_logprobs_and_stats

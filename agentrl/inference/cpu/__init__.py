@@ -1,7 +1,5 @@
 """What makes the reference `hf` engine fast on a CPU, kept behind the engine's interface.
 
-    attention.py      grouped-query attention without key/value copies (`sdpa_gqa`, registered
-                      for every model load: the learner and the engines compute log-probs alike)
     kv_cache.py       the in-place KV cache, its row operations, finished turns' KV kept for the next
     packed_linear.py  linear weights kept cast and packed for oneDNN between decode steps
     speculation.py    prompt-lookup drafts and the fitted forward cost that sizes them
@@ -10,6 +8,7 @@
 
 Importing any of them changes nothing in the process: each acts when called. Outside
 agentrl/inference, only `threads` and `memory` are used (by the learner and the training loop,
-which ask how many threads a step takes and hand memory back between phases), and `attention`'s
-names by the trainer's forward and the model loader; scripts/lint_imports.py keeps it so.
+which ask how many threads a step takes and hand memory back between phases); scripts/lint_imports.py
+keeps it so. The attention every model runs with, the learner's and the engines', is the model
+layer's (agentrl/attention.py), not the engine's: both compute log-probs through it alike.
 """
