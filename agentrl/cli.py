@@ -108,7 +108,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append("run.quiet=true")
     if args.ray:
         overrides.append(f"laminar.ray_address={args.ray}")
-    from agentrl.run import prepare_run
+    from agentrl.plan import prepare_run  # light: a bad flag or config is one line before torch loads
 
     plan = prepare_run(env=args.env, config_file=args.config, overrides=overrides, resume=args.resume)
     if args.dry_run:

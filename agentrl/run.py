@@ -1,6 +1,6 @@
 """`agentrl train`: one training run end to end (architecture.md §10).
 
-    plan = prepare_run(env="swe", overrides=["trainer.steps=4"])   # validates; starts nothing
+    plan = prepare_run(env="swe", overrides=["trainer.steps=4"])   # agentrl.plan: validates, starts nothing
     train(plan)                                                     # run dir, model, pools, loop
 
 A run directory `runs/<env>-<model>-<time>/` holds config.yaml, metrics.jsonl (one line per
@@ -15,23 +15,20 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentrl.config import Config, ConfigError, dump_config, load_config
-from agentrl.demos import check_warm_start
-from agentrl.env_builder import check_env_name, make_env
+from agentrl.config import Config, dump_config
+from agentrl.env_builder import make_env
 from agentrl.errors import UserError
-from agentrl.guidance import DemoGuide, check_demo_guidance
+from agentrl.guidance import DemoGuide
 from agentrl.inference import make_engine
 from agentrl.inference.cpu.memory import trim_heap
 from agentrl.laminar.cluster import RemoteEngine, loop_runtime, pool_metrics, ray_session
@@ -40,6 +37,7 @@ from agentrl.laminar.prompts import require_field
 from agentrl.metrics import is_success, jsonable
 from agentrl.models import resolve_configured
 from agentrl.phases import mark_phase, phase
+from agentrl.plan import RunPlan
 from agentrl.progress import status
 from agentrl.report import write_report
 from agentrl.sandboxes import make_pool
@@ -51,44 +49,6 @@ from agentrl.trainer.weights import weight_views
 from agentrl.types import Group, Trajectory
 
 log = logging.getLogger("agentrl.run")
-
-
-@dataclass
-class RunPlan:
-    config: Config
-    run_dir: Path
-    resume_from: Path | None = None  # a checkpoint file
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "run"
-
-
-def prepare_run(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
-                resume: str | None = None) -> RunPlan:
-    """Resolve and validate everything a run needs; raises ConfigError before any work."""
-    overrides = list(overrides or [])
-    if resume:
-        run_dir = Path(resume)
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"--resume {resume}: no config.yaml there; is it an agentrl run directory?")
-        cfg = load_config(config_file=run_dir / "config.yaml", overrides=overrides)
-        if env is not None and env != cfg.env.name:
-            raise ConfigError(f"--env {env} differs from the resumed run's env '{cfg.env.name}'")
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise ConfigError(f"--resume {resume}: no checkpoint in {run_dir / 'checkpoints'}")
-        check_env_name(cfg.env.name)
-        return RunPlan(cfg, run_dir, ckpt)
-    if not env:
-        raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
-    cfg = load_config(env=env, config_file=config_file, overrides=overrides)
-    check_env_name(cfg.env.name)
-    check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
-    check_demo_guidance(cfg)
-    name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
-                                     time.strftime("%Y%m%d-%H%M%S")])
-    return RunPlan(cfg, Path(cfg.run.dir) / name)
 
 
 # ---------------------------------------------------------------------------------------------

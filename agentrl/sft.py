@@ -16,8 +16,8 @@ from agentrl.config import dump_config
 from agentrl.env_builder import make_env
 from agentrl.metrics import jsonable
 from agentrl.models import resolve_configured
+from agentrl.plan import RunPlan, prepare_run
 from agentrl.report import write_report
-from agentrl.run import RunPlan, prepare_run
 from agentrl.sandboxes import make_pool
 from agentrl.stages import Stages
 from agentrl.trainer.checkpoint import save_checkpoint

@@ -134,7 +134,8 @@ def run_env(env: str, heldout_n: int, steps: int | None, overrides: list[str], k
     from agentrl.config import load_config
     from agentrl.env import env_class_demonstrates
     from agentrl.evaluate import rl_gain
-    from agentrl.run import prepare_run, train
+    from agentrl.plan import prepare_run
+    from agentrl.run import train
     from agentrl.trainer.learner import autocast_dtype
 
     if heldout_samples > 1:  # avg@K at the temperature RL samples at (an override of eval.temperature wins)

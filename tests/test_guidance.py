@@ -18,7 +18,7 @@ from agentrl.config import ConfigError
 from agentrl.guidance import DemoGuide
 from agentrl.metrics import is_success
 from agentrl.models import load_tokenizer, resolve_model
-from agentrl.run import prepare_run
+from agentrl.plan import prepare_run
 from agentrl.types import Group, Segment, Status, Trajectory
 
 

@@ -78,7 +78,7 @@ def test_bench_multi_turn_gain_ci_is_newcombes() -> None:
 
 
 def test_bench_multi_turn_heldout_samples_evaluate_at_the_sampling_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agentrl.run
+    import agentrl.plan
 
     mt = _bench_multiturn()
     seen: list[list[str]] = []
@@ -87,7 +87,7 @@ def test_bench_multi_turn_heldout_samples_evaluate_at_the_sampling_temperature(m
         seen.append(overrides)
         raise SystemExit  # stop before any work: the overrides are what this test reads
 
-    monkeypatch.setattr(agentrl.run, "prepare_run", prepare_run)
+    monkeypatch.setattr(agentrl.plan, "prepare_run", prepare_run)
     for samples, extra in ((4, []), (1, []), (3, ["sampling.temperature=0.5"]), (2, ["eval.temperature=1.0"])):
         with pytest.raises(SystemExit):
             mt.run_env("search", 8, None, extra, None, heldout_samples=samples)

@@ -1,0 +1,61 @@
+"""What `agentrl train` (and `agentrl sft`) resolve and check before any work: the config, the env's
+name, the warm start's data, the run directory. Light on purpose: a mistake in any of them is one
+line within a second or two, before torch, transformers or the training loop is imported.
+
+    plan = prepare_run(env="swe", overrides=["trainer.steps=4"])   # validates; starts nothing
+    agentrl.run.train(plan)                                         # run dir, model, pools, loop
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.config import Config, ConfigError, load_config
+from agentrl.demos import check_warm_start
+from agentrl.env_builder import check_env_name
+from agentrl.guidance import check_demo_guidance
+
+
+@dataclass
+class RunPlan:
+    config: Config
+    run_dir: Path
+    resume_from: Path | None = None  # a checkpoint file
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:60] or "run"
+
+
+def prepare_run(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
+                resume: str | None = None) -> RunPlan:
+    """Resolve and validate everything a run needs; raises ConfigError before any work."""
+    overrides = list(overrides or [])
+    if resume:
+        run_dir = Path(resume)
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume {resume}: no config.yaml there; is it an agentrl run directory?")
+        cfg = load_config(config_file=run_dir / "config.yaml", overrides=overrides)
+        if env is not None and env != cfg.env.name:
+            raise ConfigError(f"--env {env} differs from the resumed run's env '{cfg.env.name}'")
+        from agentrl.trainer.checkpoint import (
+            latest_checkpoint,  # imports torch: a resumed run needs it anyway
+        )
+
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise ConfigError(f"--resume {resume}: no checkpoint in {run_dir / 'checkpoints'}")
+        check_env_name(cfg.env.name)
+        return RunPlan(cfg, run_dir, ckpt)
+    if not env:
+        raise ConfigError("--env is required (e.g. --env code); `agentrl envs` lists them")
+    cfg = load_config(env=env, config_file=config_file, overrides=overrides)
+    check_env_name(cfg.env.name)
+    check_warm_start(cfg)  # a data file that exists, or an env with demonstrations
+    check_demo_guidance(cfg)
+    name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
+                                     time.strftime("%Y%m%d-%H%M%S")])
+    return RunPlan(cfg, Path(cfg.run.dir) / name)
