@@ -423,3 +423,28 @@ async def test_context_cut_is_scored_by_the_env() -> None:
     # an env that ends the episode itself is not asked again
     done = (await make_rollout().run_group(factory, TASK, 1)).trajectories[0]
     assert done.status is Status.FINISHED and envs[1].finalized == 0
+
+
+async def test_a_finished_trajectory_leaves_no_reference_cycle() -> None:
+    """Its env and state are freed when it ends, not at the next full garbage collection: the
+    ending raised through the rollout's frames would otherwise keep them in a cycle (at 1,024
+    workers the collector's full passes over them cost more than the controller's own work)."""
+    import gc
+    import weakref
+
+    envs: list[weakref.ref] = []
+
+    def make_env() -> ScriptedEnv:
+        env = ScriptedEnv(turns=2, outcome=1.0)
+        envs.append(weakref.ref(env))
+        return env
+
+    rollout = make_rollout()
+    gc.disable()
+    try:
+        group = await rollout.run_group(make_env, TASK, 2, group_id="g")
+        assert all(t.status is Status.FINISHED for t in group.trajectories)
+        await asyncio.sleep(0)
+        assert len(envs) == 2 and [r() for r in envs] == [None, None], "an env outlived its trajectory"
+    finally:
+        gc.enable()
