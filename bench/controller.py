@@ -253,6 +253,25 @@ class CpuMeter:
             self._run = None
 
 
+class GcMeter:
+    """The CPU seconds Python's cyclic garbage collector takes (it is charged above to whichever
+    component allocated when a collection started), and how many full collections ran."""
+
+    def __init__(self) -> None:
+        self.cpu_s, self.full, self._t0 = 0.0, 0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            self.cpu_s += time.thread_time() - self._t0
+            self.full += info["generation"] == 2
+
+    def uninstall(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+
 class AccountedHandle(LocalHandle):
     """A LocalHandle whose calls (and the tasks they start) run as its component."""
 
@@ -356,6 +375,7 @@ async def controller_run(args: argparse.Namespace, workers: int) -> dict[str, An
     rss0 = rss_mb()
     meter = CpuMeter()
     meter.install()
+    collector = GcMeter()
     cpu0, wall0, thread0 = time.process_time(), time.perf_counter(), time.thread_time()
     display = asyncio.ensure_future(progress_display(1.0 / args.speedup))
     try:
@@ -365,6 +385,7 @@ async def controller_run(args: argparse.Namespace, workers: int) -> dict[str, An
         display.cancel()
         meter.switch("eventloop")
         meter.uninstall()
+        collector.uninstall()
     wall = time.perf_counter() - wall0
     process_cpu = time.process_time() - cpu0
     cpu = meter.by_component()
@@ -401,6 +422,7 @@ async def controller_run(args: argparse.Namespace, workers: int) -> dict[str, An
         "handoff_p50_ms": ms(percentile(meter.latency["buffer_write"], 50)),
         "handoff_p99_ms": ms(percentile(meter.latency["buffer_write"], 99)),
         "sample_ready_p99_ms": ms(percentile(meter.latency["buffer_sample"], 99)),
+        "gc_cpu_s_per_1k": round(collector.cpu_s * per_1k, 4), "gc_full_collections": collector.full,
         "peak_rss_mb": round(peak_rss_mb(), 1), "rss_grown_mb": round(rss_mb() - rss0, 1),
         "rss_mb_per_worker": round(max(0.0, peak_rss_mb() - rss0) / workers, 3),
         "events_per_s": {c: round(v / wall, 1) for c, v in sorted(by_comp.items())},

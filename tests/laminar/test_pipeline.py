@@ -322,3 +322,15 @@ def test_run_training_entry_point(tokenizer, monkeypatch):
     ("laminar", 1, "local", "laminar"), ("sync", 4, "ray", "sync")])
 def test_auto_backend_is_one_step_off_for_one_local_worker(backend, workers, runtime, expected):
     assert resolve_backend(backend, workers, runtime) == expected
+
+
+def test_the_training_loop_sets_the_collector_for_a_long_run_and_restores_it() -> None:
+    import gc
+
+    from agentrl.laminar.loop import GC_THRESHOLDS, collector_for_a_long_run
+
+    before = gc.get_threshold()
+    kept = [object() for _ in range(3)]  # noqa: F841 (alive through the run: frozen)
+    with collector_for_a_long_run():
+        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
