@@ -120,12 +120,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl.sft import prepare_sft, run_sft
+    from agentrl.plan import prepare_sft  # light: a bad flag or config is one line before torch loads
 
     overrides = list(args.overrides) + (["run.quiet=true"] if args.quiet else [])
     if args.model:
         overrides.append(f"model.name={args.model}")
-    return run_sft(prepare_sft(args.env, args.config, overrides, args.data))
+    plan = prepare_sft(args.env, args.config, overrides, args.data)
+    from agentrl.sft import run_sft
+
+    return run_sft(plan)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

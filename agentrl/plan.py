@@ -59,3 +59,15 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
     name = cfg.run.name or "-".join([_slug(cfg.env.name.split(":")[-1]), _slug(Path(cfg.model.name).name),
                                      time.strftime("%Y%m%d-%H%M%S")])
     return RunPlan(cfg, Path(cfg.run.dir) / name)
+
+
+def prepare_sft(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
+                data: str | None = None) -> RunPlan:
+    """A RunPlan for an SFT-only run (`runs/sft-<env>-<model>-<time>/`); ConfigError before any work."""
+    overrides = [*(overrides or []), "trainer.warm_start.enabled=true"]
+    if data is not None:
+        overrides.append(f"trainer.warm_start.data={data}")
+    plan = prepare_run(env, config_file, overrides)
+    if plan.config.run.name is None:
+        plan.run_dir = plan.run_dir.with_name(f"sft-{plan.run_dir.name}")
+    return plan

@@ -2,7 +2,7 @@
 trajectories), with held-out evaluations before and after. The step itself is agentrl/trainer/sft.py,
 its data agentrl/demos.py.
 
-    plan = prepare_sft(env="search", overrides=["trainer.warm_start.epochs=1"])
+    plan = prepare_sft(env="search", overrides=["trainer.warm_start.epochs=1"])   # agentrl.plan
     run_sft(plan)
 """
 
@@ -16,24 +16,12 @@ from agentrl.config import dump_config
 from agentrl.env_builder import make_env
 from agentrl.metrics import jsonable
 from agentrl.models import resolve_configured
-from agentrl.plan import RunPlan, prepare_run
+from agentrl.plan import RunPlan
 from agentrl.report import write_report
 from agentrl.sandboxes import make_pool
 from agentrl.stages import Stages
 from agentrl.trainer.checkpoint import save_checkpoint
 from agentrl.trainer.distributed import make_learner
-
-
-def prepare_sft(env: str | None, config_file: str | None = None, overrides: list[str] | None = None,
-                data: str | None = None) -> RunPlan:
-    """A RunPlan for an SFT-only run (`runs/sft-<env>-<model>-<time>/`); ConfigError before any work."""
-    overrides = [*(overrides or []), "trainer.warm_start.enabled=true"]
-    if data is not None:
-        overrides.append(f"trainer.warm_start.data={data}")
-    plan = prepare_run(env, config_file, overrides)
-    if plan.config.run.name is None:
-        plan.run_dir = plan.run_dir.with_name(f"sft-{plan.run_dir.name}")
-    return plan
 
 
 def run_sft(plan: RunPlan) -> int:
