@@ -167,11 +167,11 @@ class Params:
                       "destination loses besides its re-prefill, from §8.4's measured 0.69 s per move (the model's "
                       "re-prefill stall averages ~0.33 s there); was an assumed 0.01 s")
     # -- agentrl's own controller, measured (bench/controller.py: the real components, modelled GPUs) --
-    controller_cpu_s_per_traj: float = _p(0.0007, "measured: bench/controller.py's controller CPU (relay, "
-                                          "manager, buffer, pools, loop) per trajectory, 0.54 ms at 64 workers "
-                                          "plus the buffer's one version read of a 4.2K-token trajectory (0.14 ms)")
-    repack_decision_s: float = _p(0.004, "measured: bench/controller.py's repack decision p99 (1.0-4.3 ms at "
-                                  "64 workers), paid by every move of the round before it starts")
+    controller_cpu_s_per_traj: float = _p(0.00074, "measured: bench/controller.py's controller CPU (relay, "
+                                          "manager, buffer, pools, loop) per trajectory at 1,024 workers, 0.37 ms, "
+                                          "plus Python's garbage collector in that process, 0.37 ms")
+    repack_decision_s: float = _p(0.004, "measured: bench/controller.py's repack decision p99 (4.0 ms at "
+                                  "1,024 workers), paid by every move of the round before it starts")
     kv_watermark: float = _p(0.01, "vLLM block-manager watermark default 0.01")
     gpu_mem_util_disagg: float = _p(0.90, "vLLM default gpu_memory_utilization")
     gpu_mem_util_colocated: float = _p(0.50, "verl default rollout.gpu_memory_utilization (colocated)")
