@@ -38,8 +38,12 @@ class ConfigError(ValueError):
 MOVED = {
     "trainer.seed": "run.seed (the run's one seed)",
     "model.dtype": "engine.dtype (the engine's one precision; auto follows trainer.dtype)",
-    "laminar.heartbeat_s": "laminar.repack_interval_s (a worker's death reaches the manager as it happens; "
-                           "loads are read at each repack)",
+}
+# Keys that no longer mean anything: a config that sets one (a run directory's config.yaml from an
+# older version, which `--resume` reads) loads with a one-line note instead of stopping.
+RETIRED = {
+    "laminar.heartbeat_s": "a worker's death reaches the manager as it happens and loads are read at each "
+                           "repack (laminar.repack_interval_s)",
 }
 
 
@@ -425,6 +429,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         full = f"{prefix}.{key}" if prefix else key
         if full in MOVED:
             raise ConfigError(f"config key '{full}' has moved: use {MOVED[full]}")
+        if full in RETIRED:
+            print(f"agentrl: config key '{full}' is ignored: {RETIRED[full]}", file=sys.stderr)
+            continue
         if key not in hints:
             raise ConfigError(f"unknown config key '{full}'; allowed keys{' in ' + prefix if prefix else ''}: "
                               + ", ".join(names))

@@ -138,6 +138,19 @@ def test_a_moved_key_names_its_new_place(override: str, new_key: str) -> None:
         load_config("code", overrides=[override])
 
 
+def test_a_retired_key_loads_with_one_line_saying_it_is_ignored(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run directory written by an older version still resumes: its retired keys are dropped."""
+    old = tmp_path / "config.yaml"
+    old.write_text(dump_config(load_config("code")))
+    data = yaml.safe_load(old.read_text())
+    data["laminar"]["heartbeat_s"] = 2.0
+    old.write_text(yaml.safe_dump(data))
+    cfg = load_config(config_file=old)
+    assert cfg.env.name == "code" and not hasattr(cfg.laminar, "heartbeat_s")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agentrl: config key 'laminar.heartbeat_s' is ignored: ")
+
+
 def test_one_seed_reaches_the_learner() -> None:
     cfg = load_config("code", overrides=["run.seed=7"])
     assert cfg.trainer.seed == 7  # LoRA init and mini-batch order follow run.seed
