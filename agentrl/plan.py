@@ -41,9 +41,8 @@ def prepare_run(env: str | None, config_file: str | None = None, overrides: list
         cfg = load_config(config_file=run_dir / "config.yaml", overrides=overrides)
         if env is not None and env != cfg.env.name:
             raise ConfigError(f"--env {env} differs from the resumed run's env '{cfg.env.name}'")
-        from agentrl.trainer.checkpoint import (
-            latest_checkpoint,  # imports torch: a resumed run needs it anyway
-        )
+        # imports torch: only a resumed run gets here, and it needs torch anyway
+        from agentrl.trainer.checkpoint import latest_checkpoint
 
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         if ckpt is None:

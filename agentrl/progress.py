@@ -57,7 +57,7 @@ class RunStatus:
             stats = await system.partial.stats()
         except Exception:
             return
-        self._generated = int(stats.get("tokens_grown", 0))
+        self._generated = int(stats["tokens_grown"])
         self.in_flight, self.finished = int(stats["in_flight"]), int(stats["closed"])
         now = time.monotonic()
         self._samples.append((now, self._generated))

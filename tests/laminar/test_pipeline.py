@@ -3,6 +3,7 @@ engine and a fake learner (logic tests; test_integration.py uses the real model 
 
 import asyncio
 import contextlib
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -13,7 +14,14 @@ import pytest
 import torch
 
 from agentrl.inference.cpu.policy import LearnerStepPolicy, learner_mmap_threshold, learner_threads
-from agentrl.laminar.loop import build_system, resolve_backend, shutdown, train
+from agentrl.laminar.loop import (
+    GC_THRESHOLDS,
+    build_system,
+    collector_for_a_long_run,
+    resolve_backend,
+    shutdown,
+    train,
+)
 from agentrl.laminar.runtime import LocalRuntime
 from agentrl.models import load_tokenizer, resolve_model
 from agentrl.types import Status
@@ -325,12 +333,7 @@ def test_auto_backend_is_one_step_off_for_one_local_worker(backend, workers, run
 
 
 def test_the_training_loop_sets_the_collector_for_a_long_run_and_restores_it() -> None:
-    import gc
-
-    from agentrl.laminar.loop import GC_THRESHOLDS, collector_for_a_long_run
-
     before = gc.get_threshold()
-    kept = [object() for _ in range(3)]  # noqa: F841 (alive through the run: frozen)
     with collector_for_a_long_run():
         assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
+import weakref
 
 import pytest
 
@@ -429,9 +431,6 @@ async def test_a_finished_trajectory_leaves_no_reference_cycle() -> None:
     """Its env and state are freed when it ends, not at the next full garbage collection: the
     ending raised through the rollout's frames would otherwise keep them in a cycle (at 1,024
     workers the collector's full passes over them cost more than the controller's own work)."""
-    import gc
-    import weakref
-
     envs: list[weakref.ref] = []
 
     def make_env() -> ScriptedEnv:
