@@ -28,10 +28,13 @@ engines and envs) is what runs on the GPU nodes in a cluster; the controller is 
 manager, buffer, pools (prompt and partial-response), loop (the trainer loop and the event loop's
 own overhead) and the threads that copy weights into the relay.
 
-Relay fan-out. A push of a real state dict (`--fanout-gb`, default 3 GB: a 1.5B-parameter bf16
-model) to 1, 8 and 64 pulling workers on one node: wall time from the push to the last worker
+Relay fan-out. Pushes of a real state dict (`--fanout-gb`, default 3 GB: a 1.5B-parameter bf16
+model) to 1, 8 and 64 pulling workers on one node: wall time from a push to the last worker
 holding the weights, GB/s against this machine's memcpy, and how many full copies the node holds
-afterwards (resident memory grown, divided by the state dict's size).
+afterwards (resident memory grown, divided by the state dict's size; the relay's lazily freed
+spare apart). The figures are those of a push a learner step after the one before, the steady
+state of a run: the first push writes into new pages (`first_push_*`), later ones into the
+buffer the workers let go of.
 """
 
 from __future__ import annotations
@@ -458,6 +461,9 @@ def memcpy_gb_s(nbytes: int, fresh: bool = False) -> float:
     return nbytes / best / 1e9
 
 
+LEARNER_STEP_S = 1.0
+
+
 def state_dict_of(nbytes: int) -> dict[str, torch.Tensor]:
     return ModelledLearner(nbytes, 0.0, tensor_bytes=256 * 2**20).weights
 
@@ -480,10 +486,11 @@ class PullingWorker:
         return os.getpid(), time.perf_counter() - t0
 
 
-def private_mb(pids: list[int]) -> float:
-    """The private pages of these processes (Ray's object store, a /dev/shm file they map, is
-    counted apart: `store_mb`)."""
-    private = 0
+def private_mb(pids: list[int], lazy_free: bool = False) -> float:
+    """The private pages of these processes that the kernel can not take back (Ray's object store,
+    a /dev/shm file they map, is counted apart: `store_mb`); with `lazy_free`, only those it can:
+    pages advised MADV_FREE, the relay's spare (`agentrl/laminar/host_buffers.py`)."""
+    private = lazy = 0
     for pid in pids:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps") as f:
             in_store = False
@@ -493,7 +500,9 @@ def private_mb(pids: list[int]) -> float:
                     in_store = len(head) == 6 and "/dev/shm/plasma" in head[5]
                 elif not in_store and head[0] in ("Private_Clean:", "Private_Dirty:"):
                     private += int(head[1])
-    return private / 1024
+                elif not in_store and head[0] == "LazyFree:":
+                    lazy += int(head[1])
+    return (lazy if lazy_free else private - lazy) / 1024
 
 
 def store_mb() -> float:
@@ -541,23 +550,40 @@ async def fanout(runtime: Any, nbytes: int, n_workers: int) -> dict[str, Any]:
     sd = state_dict_of(nbytes)
     gc.collect()
     pids = ray_node_pids() if runtime.kind == "ray" else [os.getpid()]
-    before = node_mb(pids)
+    before, spare_before = node_mb(pids), private_mb(pids, lazy_free=True)
     each = {pid: private_mb([pid]) for pid in pids}
-    t0 = time.perf_counter()
-    copy_s = await chain.push(sd, 2)
-    pulled = await asyncio.gather(*(w.pull(relay, 1) for w in pullers))
-    wall = time.perf_counter() - t0
+
+    async def push_and_pull(version: int) -> tuple[float, float, list[tuple[int, float]]]:
+        t0 = time.perf_counter()
+        copy_s = await chain.push(sd, version)
+        pulled = await asyncio.gather(*(w.pull(relay, version - 1) for w in pullers))
+        return time.perf_counter() - t0, copy_s, pulled
+
+    # The first push writes into new pages; from the third on, a push writes into the buffer the
+    # workers let go of when they pulled the one before. In a run a learner step separates two
+    # pushes (LEARNER_STEP_S, far shorter than any real step): the figures are that push's. Right
+    # after a pull (`back_to_back_*`) the push first waits for the released pages to be advised.
+    cold_wall, _, _ = await push_and_pull(2)
+    await push_and_pull(3)
+    back_to_back_wall, _, _ = await push_and_pull(4)
+    await asyncio.sleep(LEARNER_STEP_S)
+    wall, copy_s, pulled = await push_and_pull(5)
+    reused = (await relay.get_stats())["buffers_reused"]
     gc.collect()
     await asyncio.sleep(1.0)  # Ray frees the push's argument copy once the call's references are gone
     pids = ray_node_pids() if runtime.kind == "ray" else [os.getpid()]
     grown = node_mb(pids) - before
+    spare = private_mb(pids, lazy_free=True) - spare_before
     if os.environ.get("AGENTRL_BENCH_DEBUG"):  # which process holds what
         for pid in pids:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
                 print(f"{pid} {private_mb([pid]) - each.get(pid, 0.0):9.1f} MB  {f.read()[:40]!r}", file=sys.stderr)
     return {"workers": n_workers, "runtime": runtime.kind, "bytes": nbytes, "wall_s": round(wall, 4),
             "push_copy_s": round(copy_s, 4), "gb_per_s": round(nbytes / wall / 1e9, 3),
+            "first_push_gb_per_s": round(nbytes / cold_wall / 1e9, 3),
+            "back_to_back_gb_per_s": round(nbytes / back_to_back_wall / 1e9, 3),
             "copies_per_node": round(grown * 2**20 / nbytes, 3),
+            "lazily_freed_copies_per_node": round(spare * 2**20 / nbytes, 3), "relay_buffers_reused": reused,
             "pull_p99_ms": ms(percentile([s for _, s in pulled], 99)),
             "worker_processes": len({p for p, _ in pulled})}
 

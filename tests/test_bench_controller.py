@@ -54,6 +54,8 @@ def test_one_push_leaves_one_copy_of_the_weights_on_the_node_locally() -> None:
     assert run["runtime"] == "local" and run["workers"] == 8 and run["worker_processes"] == 1
     # eight pulling workers share the relay's snapshot: one copy, not one a worker
     assert 0.8 <= run["copies_per_node"] <= 1.3, run
+    # and the buffer the workers let go of is the next push's, its pages the kernel's to reclaim
+    assert run["relay_buffers_reused"] >= 2 and run["lazily_freed_copies_per_node"] <= 1.1, run
 
 
 @pytest.mark.ray
@@ -64,3 +66,4 @@ def test_one_push_leaves_one_copy_of_the_weights_on_a_ray_node() -> None:
     assert run["runtime"] == "ray" and run["worker_processes"] == 4  # four actor processes pulled
     # the relay's version sits in the node's object store once; the workers map it
     assert 0.8 <= run["copies_per_node"] <= 1.5, run
+    assert run["relay_buffers_reused"] >= 2, run

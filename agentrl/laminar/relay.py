@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from agentrl.inference.cpu.threads import to_thread_releasing
+from agentrl.laminar.host_buffers import HostBufferPool
 from agentrl.laminar.runtime import ActorDied
 from agentrl.laminar.types import FetchPolicy
 from agentrl.phases import track
@@ -267,10 +268,10 @@ class Relay:
         self._queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
         self._forwarder: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        # One host buffer at rest: the complete version's. A push fills a new one while the old
-        # is still served (two, briefly), and the old one is freed once superseded and no worker
-        # is still copying from it; keeping it as a spare would hold a third copy of the weights
-        # in a one-process run for the whole of every learner step (issue 16's memory budget).
+        # One host buffer at rest: the complete version's. A push fills another while the old
+        # is still served; once superseded and no engine holds a view of it, the old one's pages
+        # go back to the pool lazily freed, for the next push to write into warm (host_buffers.py).
+        self._buffers = HostBufferPool()
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "buffers_allocated": 0}
         track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
@@ -288,10 +289,9 @@ class Relay:
         if self._downstream and self._downstream[0].name != old and self._complete is not None:
             self._enqueue_all(self._complete.version, self._n_chunks(self._complete.nbytes))
 
-    def _buffer(self, size: int) -> torch.Tensor:
-        """A new host buffer of `size` bytes (large: the allocator maps it, and unmaps it on free)."""
+    async def _buffer(self, size: int) -> torch.Tensor:
         self.stats["buffers_allocated"] += 1
-        return torch.empty(size, dtype=torch.uint8)
+        return await asyncio.to_thread(self._buffers.take, size)
 
     async def ping(self) -> str:
         return self.id
@@ -305,7 +305,7 @@ class Relay:
         self._check_newer(version)
         t0 = time.perf_counter()
         specs, size = layout(state_dict, dtypes)
-        flat = self._buffer(size)
+        flat = await self._buffer(size)
         await to_thread_releasing(flatten_into, state_dict, specs, flat)
         return await self._publish(version, specs, flat, time.perf_counter() - t0)
 
@@ -322,7 +322,7 @@ class Relay:
         besides this buffer."""
         self._check_newer(version)
         specs, size = layout_meta(metas, dtypes)
-        self._streaming = (version, specs, self._buffer(size), 0.0)
+        self._streaming = (version, specs, await self._buffer(size), 0.0)
 
     async def push_part(self, version: int, part: dict[str, torch.Tensor]) -> None:
         """Copy one part of a streamed push (any subset of its names) into the buffer."""
@@ -369,10 +369,14 @@ class Relay:
         ignored, older versions than the complete one are dropped."""
         if self._complete is not None and version <= self._complete.version:
             return
-        inc = self._incoming.get(version)
-        if inc is None:
-            inc = self._incoming[version] = _Incoming(version, specs, self._buffer(total), n_chunks, self.chunk_bytes)
+        if version not in self._incoming:
+            flat = await self._buffer(total)
+            if self._complete is not None and version <= self._complete.version:
+                return  # completed or superseded while the buffer was found
+            if version not in self._incoming:  # or another chunk of it got there first
+                self._incoming[version] = _Incoming(version, specs, flat, n_chunks, self.chunk_bytes)
             self._announced = max(self._announced, version)
+        inc = self._incoming[version]
         if index in inc.have:
             return
         start = index * inc.chunk_bytes
@@ -478,11 +482,13 @@ class Relay:
 
     async def get_stats(self) -> dict[str, Any]:
         return dict(self.stats, version=await self.latest_version(), announced=self._announced,
-                    snapshot_bytes=self._complete.nbytes if self._complete is not None else 0)
+                    snapshot_bytes=self._complete.nbytes if self._complete is not None else 0,
+                    buffers_reused=self._buffers.stats["reused"], spare_bytes=self._buffers.spare_bytes)
 
     async def stop(self) -> None:
         if self._forwarder is not None:
             self._forwarder.cancel()
+        self._buffers.close()
 
 
 class RelayChain:
