@@ -132,16 +132,21 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentrl.evaluate import main as eval_main
+    from agentrl.plan import prepare_eval  # light: a bad flag or config is one line before torch loads
 
-    return eval_main(env=args.env, model=args.model, n=args.n, config_file=args.config,
-                     split=args.split, overrides=args.overrides)
+    plan = prepare_eval(args.env, args.model, args.n, args.config, args.overrides)
+    from agentrl.evaluate import main as eval_main  # heavy lazy load: torch, the engine
+
+    return eval_main(plan.config, plan.checkpoint, args.n, args.split, model=args.model)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentrl.serve import main as serve_main
+    from agentrl.plan import resolve_target  # light: a bad target or config is one line before torch loads
 
-    return serve_main(args.target, port=args.port, config_file=args.config, overrides=args.overrides)
+    plan = resolve_target(args.target, None, args.config, args.overrides)
+    from agentrl.serve import main as serve_main  # heavy lazy load: torch, the engine, uvicorn
+
+    return serve_main(plan.config, plan.checkpoint, args.target, port=args.port)
 
 
 def _cmd_envs(_: argparse.Namespace) -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config, ConfigError, load_config
-from agentrl.env_builder import check_env_name, make_env
+from agentrl.config import Config, ConfigError
+from agentrl.env_builder import make_env
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams, all_cores
 from agentrl.inference.cpu.memory import trim_heap
@@ -319,28 +319,6 @@ def heldout_line(rec: dict[str, Any]) -> str:
             f"valid calls {rec['heldout_valid_call_rate']:.2f}")
 
 
-def _resolve(model: str | None, env: str, config_file: str | None, overrides: list[str]
-             ) -> tuple[Config, Path | None]:
-    """A model name/path, or a run directory whose latest checkpoint's weights are evaluated."""
-    # heavy lazy load: torch (see HeldOutEvaluator.run)
-    from agentrl.trainer.checkpoint import latest_checkpoint
-
-    overrides = list(overrides)
-    ckpt = None
-    if model and (Path(model) / "config.yaml").is_file():  # a run directory
-        run_cfg = load_config(config_file=Path(model) / "config.yaml")
-        lora = run_cfg.trainer.lora  # a LoRA checkpoint holds the adapter: merged into the base here
-        overrides[:0] = [f"model.name={run_cfg.model.name}", f"trainer.lora.rank={lora.rank}",
-                         f"trainer.lora.alpha={lora.alpha}", f"trainer.lora.targets=[{','.join(lora.targets)}]"]
-        ckpt = latest_checkpoint(Path(model) / "checkpoints")
-        if ckpt is None:
-            raise ConfigError(f"run directory {model} has no checkpoint to evaluate")
-    elif model:
-        overrides.insert(0, f"model.name={model}")
-    cfg = load_config(env=env, config_file=config_file, overrides=overrides)
-    return cfg, ckpt
-
-
 async def load_checkpoint(engine: Any, cfg: Config, checkpoint: Path) -> None:
     """A run checkpoint's policy weights into `engine` (a LoRA adapter merged into its base first);
     `agentrl eval` and `agentrl serve` of a run directory."""
@@ -389,13 +367,9 @@ async def evaluate(cfg: Config, n: int, split: str = "test", checkpoint: Path | 
         await engine.close()
 
 
-def main(env: str, model: str | None, n: int, config_file: str | None = None, split: str = "test",
-         overrides: list[str] | None = None) -> int:
-    if n < 1:
-        raise ConfigError(f"--n must be >= 1, got {n}")
-    cfg, ckpt = _resolve(model, env, config_file, list(overrides or []))
-    check_env_name(cfg.env.name)
-    trajs, group_of = asyncio.run(evaluate(cfg, n, split, ckpt))
+def main(cfg: Config, checkpoint: Path | None, n: int, split: str = "test", model: str | None = None) -> int:
+    """`agentrl eval`, once `plan.prepare_eval` has checked its arguments."""
+    trajs, group_of = asyncio.run(evaluate(cfg, n, split, checkpoint))
     res = summarize_trajectories(trajs)
     figures = res.to_dict()
     print(f"env {cfg.env.name}  model {model or cfg.model.name}  episodes {res.n}")

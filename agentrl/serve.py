@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agentrl.config import Config
 from agentrl.endpoint import PolicyEndpoint
-from agentrl.evaluate import _resolve, load_checkpoint
+from agentrl.evaluate import load_checkpoint
 from agentrl.inference import make_engine
 from agentrl.inference.base import SamplingParams
 from agentrl.models import load_tokenizer, resolve_configured, use_chat_template
@@ -44,8 +44,8 @@ async def serve(cfg: Config, checkpoint: Path | None, name: str, port: int) -> N
         await engine.close()
 
 
-def main(target: str, port: int = 8000, config_file: str | None = None, overrides: list[str] | None = None) -> int:
-    cfg, checkpoint = _resolve(target, None, config_file, list(overrides or []))  # type: ignore[arg-type]
+def main(cfg: Config, checkpoint: Path | None, target: str, port: int = 8000) -> int:
+    """`agentrl serve`, once `plan.resolve_target` has resolved its target."""
     try:
         asyncio.run(serve(cfg, checkpoint, Path(target).name or target, port))
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: not a failure

@@ -186,3 +186,23 @@ def test_a_closed_pipe_ends_quietly() -> None:
     proc.stdout.close()  # the reader is gone before the command (seconds of imports) writes a byte
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 141 and err.decode().strip() == "", err.decode()
+
+
+@pytest.mark.parametrize("argv, code, start", [
+    (["train", "--env", "nosuchenv"], 2, "agentrl train: unknown env 'nosuchenv'"),
+    (["eval", "--env", "nosuchenv"], 2, "agentrl eval: unknown env 'nosuchenv'"),
+    (["eval", "--env", "search", "--n", "0"], 2, "agentrl eval: --n must be >= 1"),
+    (["serve", "{run}"], 2, "agentrl serve: run directory"),
+    (["serve", "smollm2-135m", "nosuch.key=1"], 2, "agentrl serve: unknown config key 'nosuch'"),
+])
+def test_a_mistake_is_one_line_before_torch_loads(tmp_path: Path, argv: list[str], code: int, start: str) -> None:
+    """train, eval and serve check their arguments (agentrl/plan.py) before anything heavy loads."""
+    run = tmp_path / "run"  # a run directory with no checkpoint yet
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: search\n")
+    probe = ("import sys\nfrom agentrl import cli\ncode = cli.main(sys.argv[1:])\n"
+             "print('torch' in sys.modules, code)")
+    out = subprocess.run([sys.executable, "-c", probe, *(a.format(run=run) for a in argv)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["False", str(code)], (out.stdout, out.stderr[-2000:])
+    assert out.stderr.strip().splitlines()[-1].startswith(start), out.stderr

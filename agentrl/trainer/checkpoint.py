@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from agentrl.checkpoint_files import checkpoint_name
+from agentrl.checkpoint_files import latest_checkpoint as latest_checkpoint  # re-exported: the trainer's API
 from agentrl.trainer.learner import Learner
 
-_NAME = re.compile(r"step_(\d+)\.pt")
 FORMAT_VERSION = 1
 
 
@@ -41,7 +41,7 @@ def save_checkpoint(directory: str | os.PathLike[str], learner: Learner,
     """Write `<directory>/step_<global_step>.pt` atomically and return its path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"step_{learner.global_step}.pt"
+    path = directory / checkpoint_name(learner.global_step)
     tmp = path.with_suffix(".pt.tmp")
     torch.save({"format": FORMAT_VERSION, "learner": learner.training_state(), "rng": rng_states(),
                 "extra": extra or {}}, tmp)
@@ -62,12 +62,3 @@ def load_checkpoint(path: str | os.PathLike[str], learner: Learner, restore_rng:
     if restore_rng:
         set_rng_states(state["rng"])
     return state["extra"]
-
-
-def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint with the highest step in `directory`, or None."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
-    return max(found)[1] if found else None
