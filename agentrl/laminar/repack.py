@@ -9,15 +9,16 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class RolloutLoad:
+class RolloutLoad(NamedTuple):
     """Capacity indicators of one rollout at a repack check (algorithms.md §1.4).
 
     `c_used` is the KV-cache utilisation in [0, 1] (tokens in flight / capacity on CPU),
-    `c_prev` its value at the previous check, `n_reqs` the trajectories it holds.
+    `c_prev` its value at the previous check, `n_reqs` the trajectories it holds. A named tuple:
+    a decision builds one per worker, 1,024 of them at cluster scale, and a frozen dataclass
+    costs several times as much to build (most of a decision's time, bench/controller.py).
     """
 
     id: str
