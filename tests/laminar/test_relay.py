@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -236,4 +237,38 @@ async def test_a_streamed_push_restarts_on_a_new_master():
     await _wait_version(chain.relays, 1)
     snap = await chain.relays[-1].fetch_latest(policy="local")
     assert all(torch.equal(snap.state_dict()[k], t) for k, t in sd.items())
+    await rt.shutdown()
+
+
+def test_the_wire_form_round_trips_every_tensor_and_keeps_ties() -> None:
+    """What RelayChain sends a relay: uint8 numpy views (Ray sends those out of band; torch tensors
+    it pickles by value), tied names as references, so the relay lays the weights out as before."""
+    from agentrl.laminar.relay import WireTensor, from_wire, to_wire
+
+    emb = torch.randn(11, 3).to(torch.bfloat16)
+    sd = {**_weights(), "embed": emb, "lm_head": emb, "scalar": torch.tensor(2.5), "empty": torch.empty(0, 4),
+          "mask": torch.tensor([True, False]), "strided": torch.arange(12.0).view(3, 4).t(),
+          "grad": torch.ones(2, requires_grad=True)}
+    wire = to_wire(sd)
+    assert all(isinstance(w, WireTensor) for w in wire.values())
+    assert wire["lm_head"].data is None and wire["lm_head"].same_as == "embed"
+    assert wire["embed"].data.dtype == np.uint8 and np.shares_memory(wire["embed"].data, emb.view(torch.uint8).numpy())
+    back = from_wire(wire)
+    for k, t in sd.items():
+        assert back[k].dtype == t.dtype and back[k].shape == t.shape and torch.equal(back[k], t.detach()), k
+    assert back["lm_head"] is back["embed"]
+    assert layout(back) == layout(sd)
+
+
+async def test_a_push_through_the_chain_sends_the_wire_form_and_arrives_intact():
+    rt, chain, relays = await _chain(["m", "a"])
+    emb = torch.randn(7, 5)
+    sd = {**_weights(seed=3), "embed": emb, "lm_head": emb}
+    await chain.push(sd, 1)
+    await _wait_version(relays, 1)
+    for relay in relays:
+        snap = await relay.fetch_latest(0, "local")
+        got = snap.state_dict()
+        assert all(torch.equal(got[k], sd[k]) for k in sd)
+        assert got["lm_head"].data_ptr() == got["embed"].data_ptr()  # one byte range for the tied pair
     await rt.shutdown()
