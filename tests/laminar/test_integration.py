@@ -60,10 +60,11 @@ async def test_real_model_two_workers_long_tails():
     check_single_version(groups)
     pulled = {v for w in summary["workers"].values() for v in w["versions"]}
     assert pulled and max(pulled) >= 1, "workers run the updated weights"
-    # the trainer's stall is its push copy: relay1 finished receiving each version after the
-    # trainer had already moved on
+    # the trainer's stall is its push copy, not the broadcast: relay1 finished receiving each
+    # version after the trainer had already moved on (the stall's rest is a few awaits, whose
+    # scheduling beside two generating engines on a loaded 2-core machine took up to 0.4 s)
     for rec in summary["records"]:
-        assert rec["push_stall_s"] == pytest.approx(rec["push_copy_s"], abs=0.1)
+        assert rec["push_copy_s"] <= rec["push_stall_s"] < rec["push_copy_s"] + 0.75
         assert relay1["completed_at"][rec["version"]] > rec["pushed_at"]
     assert summary["weight_pull_s"], "workers pulled new weights"
     # repack moved a long tail; the moved trajectories finish like unmoved ones
