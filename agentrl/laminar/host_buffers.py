@@ -24,7 +24,8 @@ import torch
 # Below this a buffer is not worth its own mapping: the allocator serves it.
 MIN_POOLED_BYTES = 1 << 20
 # libc's madvise through ctypes, which drops the GIL for the call: advising gigabytes walks every
-# page (~50 ms a GB), and the event loop must not wait on that (mmap.madvise holds the GIL).
+# page (0.15 s a GB on the CI VM), and the event loop must not wait on that (mmap.madvise holds
+# the GIL).
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -94,9 +95,10 @@ class HostBufferPool:
                     older, self._free = self._free, kept
                 self._advising -= 1
                 self._settled.notify_all()
-        for unmap in (older, None if kept else (region,)):
-            if unmap is not None:
-                unmap[0].close()
+        if older is not None:  # only the latest released buffer is kept
+            older[0].close()
+        if kept is None:
+            region.close()
 
     def close(self) -> None:
         """Unmap the spare now (a relay that stops)."""

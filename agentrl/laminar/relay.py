@@ -96,6 +96,11 @@ class WeightMeta:
     same_as: str | None = None
 
 
+def tie_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Equal for two names that are one tensor (tied weights): the same bytes seen the same way."""
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+
+
 def layout(state_dict: dict[str, torch.Tensor],
            dtypes: Mapping[str, str] | None = None) -> tuple[tuple[TensorSpec, ...], int]:
     """Where each tensor lives in the flat buffer, and the buffer's size in bytes. `dtypes` names
@@ -107,8 +112,7 @@ def layout(state_dict: dict[str, torch.Tensor],
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"state_dict[{name!r}] is {type(t).__name__}, expected a torch.Tensor")
-        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
-        same_as = first.setdefault(key, name) if t.numel() and t.data_ptr() else name
+        same_as = first.setdefault(tie_key(t), name) if t.numel() and t.data_ptr() else name
         metas.append(WeightMeta(name, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                                 same_as if same_as != name else None))
     return layout_meta(metas, dtypes)
@@ -156,12 +160,12 @@ def to_wire(state_dict: Mapping[str, Any]) -> dict[str, Any]:
             continue
         t = t.detach()
         dtype, shape = str(t.dtype).removeprefix("torch."), tuple(t.shape)
-        key = (t.data_ptr(), t.dtype, shape, t.stride())
+        key = tie_key(t)
         if t.numel() and key in first:
             wire[name] = WireTensor(None, dtype, shape, same_as=first[key])
-            continue
-        first.setdefault(key, name)
-        wire[name] = WireTensor(t.contiguous().reshape(-1).view(torch.uint8).numpy(), dtype, shape)
+        else:
+            first[key] = name
+            wire[name] = WireTensor(t.contiguous().reshape(-1).view(torch.uint8).numpy(), dtype, shape)
     return wire
 
 
@@ -321,7 +325,7 @@ class Relay:
         # go back to the pool lazily freed, for the next push to write into warm (host_buffers.py).
         self._buffers = HostBufferPool()
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
-                                      "failovers": 0, "buffers_allocated": 0}
+                                      "failovers": 0}
         track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
                                                  *(i.flat for i in list(r._incoming.values())),
                                                  *([r._streaming[2]] if r._streaming else [])])
@@ -338,7 +342,6 @@ class Relay:
             self._enqueue_all(self._complete.version, self._n_chunks(self._complete.nbytes))
 
     async def _buffer(self, size: int) -> torch.Tensor:
-        self.stats["buffers_allocated"] += 1
         return await asyncio.to_thread(self._buffers.take, size)
 
     async def ping(self) -> str:
@@ -533,6 +536,7 @@ class Relay:
     async def get_stats(self) -> dict[str, Any]:
         return dict(self.stats, version=await self.latest_version(), announced=self._announced,
                     snapshot_bytes=self._complete.nbytes if self._complete is not None else 0,
+                    buffers_allocated=sum(self._buffers.stats.values()),
                     buffers_reused=self._buffers.stats["reused"], spare_bytes=self._buffers.spare_bytes)
 
     async def stop(self) -> None:
