@@ -568,7 +568,7 @@ async def fanout(runtime: Any, nbytes: int, n_workers: int) -> dict[str, Any]:
     back_to_back_wall, _, _ = await push_and_pull(4)
     await asyncio.sleep(LEARNER_STEP_S)
     wall, copy_s, pulled = await push_and_pull(5)
-    reused = (await relay.get_stats())["buffers_reused"]
+    relay_stats = await relay.get_stats()
     gc.collect()
     await asyncio.sleep(1.0)  # Ray frees the push's argument copy once the call's references are gone
     pids = ray_node_pids() if runtime.kind == "ray" else [os.getpid()]
@@ -583,7 +583,8 @@ async def fanout(runtime: Any, nbytes: int, n_workers: int) -> dict[str, Any]:
             "first_push_gb_per_s": round(nbytes / cold_wall / 1e9, 3),
             "back_to_back_gb_per_s": round(nbytes / back_to_back_wall / 1e9, 3),
             "copies_per_node": round(grown * 2**20 / nbytes, 3),
-            "lazily_freed_copies_per_node": round(spare * 2**20 / nbytes, 3), "relay_buffers_reused": reused,
+            "lazily_freed_copies_per_node": round(spare * 2**20 / nbytes, 3),
+            "relay_buffers_reused": relay_stats["buffers_reused"], "relay_served_as_pushed": relay_stats["served_as_pushed"],
             "pull_p99_ms": ms(percentile([s for _, s in pulled], 99)),
             "worker_processes": len({p for p, _ in pulled})}
 

@@ -10,6 +10,7 @@ its predecessor sees the failed call at once, skips it and resends to the next s
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import math
@@ -24,7 +25,7 @@ import torch
 
 from agentrl.inference.cpu.threads import to_thread_releasing
 from agentrl.laminar.host_buffers import HostBufferPool
-from agentrl.laminar.runtime import ActorDied
+from agentrl.laminar.runtime import ActorDied, InStore, put_for
 from agentrl.laminar.types import FetchPolicy
 from agentrl.phases import track
 
@@ -218,43 +219,87 @@ def unflatten(specs: tuple[TensorSpec, ...], flat: torch.Tensor) -> dict[str, to
 
 
 class WeightSnapshot:
-    """One complete version of the weights, as held by a relay. On Ray (`Relay(object_store=True)`)
-    its bytes live in the node's object store once (`stored` is their reference): a worker that
-    fetches it receives the reference, not the bytes, and maps that one copy (`resolve`), so a push
-    leaves one copy per node however many workers pull it."""
+    """One complete version of the weights, as held by a relay: its bytes are one flat buffer laid
+    out by `specs` (a relay's own copy), or the tensors a pusher put in the object store, served as
+    they were pushed (`Relay.push` of an `InStore`: no relay copies them). On Ray (`stored`, the
+    object store's reference) a worker that fetches it receives the reference, not the bytes, and
+    maps that one copy (`resolve`), so a push leaves one copy per node however many workers pull it."""
 
-    def __init__(self, version: int, specs: tuple[TensorSpec, ...], flat: torch.Tensor | None,
-                 stored: Any = None) -> None:
+    def __init__(self, version: int, specs: tuple[TensorSpec, ...], nbytes: int, flat: torch.Tensor | None = None,
+                 tensors: dict[str, torch.Tensor] | None = None, stored: Any = None) -> None:
         self.version = version
         self.specs = specs
+        self.nbytes = nbytes  # of the flat layout
         self._flat = flat
+        self._tensors = tensors
         self.stored = stored
 
     @property
     def flat(self) -> torch.Tensor:
         if self._flat is None:
-            raise RuntimeError("a stored snapshot's bytes are mapped by `await snapshot.resolve()` first")
+            raise RuntimeError("this snapshot holds its tensors as pushed, not a flat buffer" if self._tensors
+                               else "a stored snapshot's bytes are mapped by `await snapshot.resolve()` first")
         return self._flat
 
     async def resolve(self) -> WeightSnapshot:
         """Map the bytes of a snapshot that arrived as an object-store reference (zero-copy on its
         node, read-only); a no-op for one that holds its bytes."""
-        if self._flat is None:
-            self._flat = read_only_tensor(await self.stored)
+        if self._flat is None and self._tensors is None:
+            value = await self.stored
+            if isinstance(value, np.ndarray):
+                self._flat = read_only_tensor(value)
+            else:
+                self._tensors = from_wire(value)
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
         # to another process: a stored snapshot travels as its reference, never as its bytes
-        return (WeightSnapshot, (self.version, self.specs, None if self.stored is not None else self._flat,
-                                 self.stored))
+        if self.stored is not None:
+            return (WeightSnapshot, (self.version, self.specs, self.nbytes, None, None, self.stored))
+        return (WeightSnapshot, (self.version, self.specs, self.nbytes, self._flat, self._tensors))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Views of this version's buffer, which is never written again once complete."""
+        """Views of this version's bytes, which nobody writes again once the version is complete."""
+        if self._flat is None and self._tensors is not None:
+            return ReadOnlyWeights({s.name: self._tensors[s.name] for s in self.specs})
         return ReadOnlyWeights(unflatten(self.specs, self.flat))
 
-    @property
-    def nbytes(self) -> int:
-        return self.flat.numel()
+    def bytes_at(self, start: int, end: int) -> np.ndarray:
+        """Bytes [start, end) of the flat layout (a chunk for the next relay)."""
+        if self._flat is None and self._tensors is not None:
+            return gather_laid_out(self.specs, self._tensors, start, end)
+        return self.flat.numpy()[start:end]
+
+    def checksum(self, step: int = 64 << 20) -> str:
+        """`checksum` of the flat layout, whichever form holds the bytes."""
+        if self._flat is not None or self._tensors is None:
+            return checksum(self.flat)
+        digest = hashlib.sha1()
+        for start in range(0, self.nbytes, step):
+            digest.update(memoryview(self.bytes_at(start, min(self.nbytes, start + step))))
+        return digest.hexdigest()
+
+
+def gather_laid_out(specs: tuple[TensorSpec, ...], tensors: Mapping[str, torch.Tensor], start: int,
+                    end: int) -> np.ndarray:
+    """Bytes [start, end) of the flat buffer `specs` lay out, copied from the tensors themselves
+    (padding is zero): a relay serving a version as pushed forwards it down the chain this way."""
+    out = np.zeros(end - start, dtype=np.uint8)
+    placed = sorted({s.offset: s for s in specs if s.nbytes}.values(), key=lambda s: s.offset)
+    first = max(0, bisect.bisect_right([s.offset for s in placed], start) - 1)
+    for s in placed[first:]:
+        if s.offset >= end:
+            break
+        lo, hi = max(start, s.offset), min(end, s.offset + s.nbytes)
+        if lo < hi:
+            src = tensors[s.name].detach().reshape(-1).view(torch.uint8).numpy()
+            out[lo - start:hi - start] = src[lo - s.offset:hi - s.offset]
+    return out
+
+
+def laid_out_as_pushed(tensors: Mapping[str, torch.Tensor], specs: tuple[TensorSpec, ...]) -> bool:
+    """Whether every tensor is already in its spec's dtype (no cast to make while copying)."""
+    return all(str(tensors[s.name].dtype).removeprefix("torch.") == s.dtype for s in specs)
 
 
 def read_only_tensor(array: np.ndarray) -> torch.Tensor:
@@ -287,6 +332,13 @@ class _Incoming:
     chunk_bytes: int
     have: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.numel()
+
+    def bytes_at(self, start: int, end: int) -> np.ndarray:
+        return self.flat.numpy()[start:end]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +377,7 @@ class Relay:
         # go back to the pool lazily freed, for the next push to write into warm (host_buffers.py).
         self._buffers = HostBufferPool()
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
-                                      "failovers": 0}
+                                      "failovers": 0, "served_as_pushed": 0}
         track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
                                                  *(i.flat for i in list(r._incoming.values())),
                                                  *([r._streaming[2]] if r._streaming else [])])
@@ -349,16 +401,26 @@ class Relay:
 
     # -- the master's side ---------------------------------------------------------------------
 
-    async def push(self, state_dict: dict[str, torch.Tensor], version: int,
+    async def push(self, state_dict: dict[str, Any] | InStore, version: int,
                    dtypes: Mapping[str, str] | None = None) -> float:
         """Copy the weights into a fresh host buffer (the names in `dtypes` cast to theirs), start
-        the broadcast, return the copy's seconds (the trainer's whole stall, §1.2 ⑤)."""
+        the broadcast, return the copy's seconds (the trainer's whole stall, §1.2 ⑤).
+
+        Weights the pusher put in the object store (`InStore`, on Ray) are served as they are when
+        nothing needs a cast: the pusher's put was the node's one copy, and this relay keeps its
+        reference instead of copying the bytes twice more (into its buffer and into the store)."""
         self._check_newer(version)
         t0 = time.perf_counter()
-        state_dict = from_wire(state_dict)
-        specs, size = layout(state_dict, dtypes)
+        stored = state_dict.ref if isinstance(state_dict, InStore) else None
+        tensors = from_wire(await stored if stored is not None else state_dict)
+        specs, size = layout(tensors, dtypes)
+        if stored is not None and self.object_store and laid_out_as_pushed(tensors, specs):
+            self.stats["served_as_pushed"] += 1
+            snap = WeightSnapshot(version, specs, size, tensors=tensors, stored=stored)
+            await self._complete_version(snap, t0)
+            return self._broadcast(version, self._n_chunks(size), time.perf_counter() - t0)
         flat = await self._buffer(size)
-        await to_thread_releasing(flatten_into, state_dict, specs, flat)
+        await to_thread_releasing(flatten_into, tensors, specs, flat)
         return await self._publish(version, specs, flat, time.perf_counter() - t0)
 
     def _check_newer(self, version: int) -> None:
@@ -399,12 +461,16 @@ class Relay:
         """A complete new version in `flat`: make it the served one and start its broadcast."""
         n = self._n_chunks(flat.numel())
         self._incoming[version] = _Incoming(version, specs, flat, n, self.chunk_bytes, set(range(n)))
-        self._announced = max(self._announced, version)
         await self._finish(version)
+        return self._broadcast(version, n, copy_s)
+
+    def _broadcast(self, version: int, n_chunks: int, copy_s: float) -> float:
+        """Send the complete version `version`, `n_chunks` chunks, down the chain; returns `copy_s`."""
+        self._announced = max(self._announced, version)
         # a tiny message to every relay so their waiting workers know v is on its way
         self._tasks.add(asyncio.ensure_future(asyncio.gather(
             *(self._quiet(h.announce(version)) for h in self._downstream))))
-        self._enqueue_all(version, n)
+        self._enqueue_all(version, n_chunks)
         return copy_s
 
     async def _quiet(self, call: Any) -> None:
@@ -442,20 +508,28 @@ class Relay:
 
     async def _finish(self, version: int) -> None:
         inc = self._incoming[version]
-        newer = self._complete is None or version > self._complete.version
         flat, stored = inc.flat, None
-        if newer and self.object_store:  # off the event loop: one memcpy of the whole version
+        if self._is_newer(version) and self.object_store:  # off the event loop: one memcpy of the whole version
             stored = await asyncio.to_thread(put_in_object_store, inc.flat)
             flat = read_only_tensor(await stored)  # the store's copy, mapped: what this relay serves
         # (the receive buffer is served until here: a chunk forwarded meanwhile still finds it)
-        self._incoming.pop(version, None)
-        for v in [v for v in self._incoming if v < version]:  # superseded partial versions
+        await self._complete_version(WeightSnapshot(version, inc.specs, inc.flat.numel(), flat, stored=stored),
+                                     inc.started)
+
+    def _is_newer(self, version: int) -> bool:
+        return self._complete is None or version > self._complete.version
+
+    async def _complete_version(self, snap: WeightSnapshot, started: float) -> None:
+        """`snap` is complete here: serve it if it is the newest, drop what it supersedes, and
+        wake the workers waiting for it."""
+        self._incoming.pop(snap.version, None)
+        for v in [v for v in self._incoming if v < snap.version]:  # superseded partial versions
             del self._incoming[v]
-        if newer and (self._complete is None or version > self._complete.version):
-            self._complete = WeightSnapshot(version, inc.specs, flat, stored)
-            self.stats["received_versions"].append(version)
-            self.stats["broadcast_s"][version] = time.perf_counter() - inc.started
-            self.stats["completed_at"][version] = time.perf_counter()
+        if self._is_newer(snap.version):
+            self._complete = snap
+            self.stats["received_versions"].append(snap.version)
+            self.stats["broadcast_s"][snap.version] = time.perf_counter() - started
+            self.stats["completed_at"][snap.version] = time.perf_counter()
         async with self._done:
             self._done.notify_all()
 
@@ -473,11 +547,10 @@ class Relay:
         if self._forwarder is None or self._forwarder.done():
             self._forwarder = asyncio.ensure_future(self._forward_loop())
 
-    def _source(self, version: int) -> tuple[torch.Tensor, tuple[TensorSpec, ...], int] | None:
+    def _source(self, version: int) -> WeightSnapshot | _Incoming | None:
         if self._complete is not None and self._complete.version == version:
-            return self._complete.flat, self._complete.specs, self._n_chunks(self._complete.nbytes)
-        inc = self._incoming.get(version)
-        return (inc.flat, inc.specs, inc.n_chunks) if inc is not None else None
+            return self._complete
+        return self._incoming.get(version)
 
     async def _forward_loop(self) -> None:
         while True:
@@ -487,14 +560,14 @@ class Relay:
             src = self._source(version)
             if src is None:  # superseded by a newer version
                 continue
-            flat, specs, n = src
+            total = src.nbytes
             # numpy, not a torch view: a pickled torch view would ship its whole storage (Ray)
-            data = flat.numpy()[index * self.chunk_bytes:(index + 1) * self.chunk_bytes]
+            data = src.bytes_at(index * self.chunk_bytes, min(total, (index + 1) * self.chunk_bytes))
             if self.hop_delay_s:
                 await asyncio.sleep(self.hop_delay_s)
             succ = self._downstream[0]
             try:
-                await succ.receive_chunk(version, index, n, specs, flat.numel(), data)
+                await succ.receive_chunk(version, index, self._n_chunks(total), src.specs, total, data)
             except ActorDied:
                 # O(1) repair: skip the dead successor and resend what it may not have passed on
                 self._downstream.pop(0)
@@ -531,7 +604,7 @@ class Relay:
     async def checksum(self) -> tuple[int, str]:
         if self._complete is None:
             return -1, ""
-        return self._complete.version, await to_thread_releasing(checksum, self._complete.flat)
+        return self._complete.version, await to_thread_releasing(self._complete.checksum)
 
     async def get_stats(self) -> dict[str, Any]:
         return dict(self.stats, version=await self.latest_version(), announced=self._announced,
@@ -563,10 +636,14 @@ class RelayChain:
 
     async def push(self, state_dict: dict[str, torch.Tensor], version: int,
                    dtypes: Mapping[str, str] | None = None) -> float:
-        """Push to the master; if it is dead, elect the next relay as master and retry."""
+        """Push to the master; if it is dead, elect the next relay as master and retry. On Ray the
+        weights go into this node's object store once (`put_for`), and the master serves that copy."""
+        t0 = time.perf_counter()
+        payload = await asyncio.to_thread(put_for, self.master, to_wire(state_dict))
+        put_s = time.perf_counter() - t0
         while self.relays:
             try:
-                return await self.master.push(to_wire(state_dict), version, dtypes)
+                return put_s + await self.master.push(payload, version, dtypes)
             except ActorDied:
                 await self.remove(self.master.name)
         raise ActorDied("every relay is dead")

@@ -130,6 +130,26 @@ class RayHandle:
 
 
 @dataclass(frozen=True)
+class InStore:
+    """A value in the object store of the sender's node, passed by reference (Ray hands a reference
+    nested in an argument over as it is): the actor it is sent to maps that one copy, and may keep
+    it and hand it on, instead of receiving a copy of its own."""
+
+    ref: Any
+
+
+def put_for(handle: Any, value: Any) -> Any:
+    """`value` as it should travel to `handle`: for a Ray actor, put into this node's object store
+    once (`InStore`; large numpy arrays in it are written out of band, one memcpy); for a local
+    component, as it is."""
+    if not isinstance(handle, RayHandle):
+        return value
+    import ray
+
+    return InStore(ray.put(value))
+
+
+@dataclass(frozen=True)
 class Resources:
     """What an actor reserves on Ray (ignored locally): CPUs, GPUs, custom resources, and a
     node id to pin it to."""

@@ -272,3 +272,41 @@ async def test_a_push_through_the_chain_sends_the_wire_form_and_arrives_intact()
         assert all(torch.equal(got[k], sd[k]) for k in sd)
         assert got["lm_head"].data_ptr() == got["embed"].data_ptr()  # one byte range for the tied pair
     await rt.shutdown()
+
+
+async def test_weights_put_in_the_store_are_served_as_pushed_and_forwarded_intact():
+    """On Ray a push arrives as an object-store reference (`InStore`): the master serves those
+    tensors without a copy of its own, and the next relay receives the chunks of the same flat
+    layout a copying master would have sent (ties stored once, bytes equal). Here the reference is
+    a resolved future, so the logic runs without Ray (the bench and test_ray_cluster drive the real one)."""
+    from agentrl.laminar.relay import from_wire, to_wire
+    from agentrl.laminar.runtime import InStore
+
+    sd = _weights(n=9)
+    sd["tied"] = sd["w1"]
+    rt = LocalRuntime()
+    m = rt.spawn(Relay, "m", chunk_bytes=128, object_store=True, name="m")
+    a = rt.spawn(Relay, "a", chunk_bytes=128, name="a")
+    await RelayChain([m, a]).build()
+    stored = asyncio.get_running_loop().create_future()
+    stored.set_result(to_wire(sd))
+    await m.push(InStore(stored), 1)
+    await _wait_version([m, a], 1)
+    served = await m.fetch_latest(policy="local")
+    pushed = from_wire(await stored)
+    got = served.state_dict()
+    assert all(got[k].data_ptr() == pushed[k].data_ptr() for k in sd)  # the pushed bytes, not a copy
+    stats = await m.get_stats()
+    assert stats["served_as_pushed"] == 1 and stats["buffers_allocated"] == 0
+    forwarded = (await a.fetch_latest(policy="local")).state_dict()
+    assert all(torch.equal(forwarded[k], sd[k]) for k in sd)
+    assert (await m.checksum())[1] == (await a.checksum())[1] == served.checksum()
+    await rt.shutdown()
+
+
+def test_only_weights_that_need_no_cast_are_served_as_pushed():
+    from agentrl.laminar.relay import laid_out_as_pushed
+
+    sd = _weights()
+    assert laid_out_as_pushed(sd, layout(sd)[0])
+    assert not laid_out_as_pushed(sd, layout(sd, {"w2": "bfloat16"})[0])  # the engines compute w2 in bf16
