@@ -81,9 +81,9 @@ class Settings:
 
 DIFFERENCES = [
     "threads: agentrl's HF engine decodes on every core, except beside a learner step, where it keeps half (1 on 2) "
-    "and the step trains on the rest, and on every core from the layer where the engine idles (agentrl/threads.py; "
-    "since stop 54; before it the engine kept 1 and the learner, since stop 53, had the other); under sync, where "
-    "they take turns, each has every core. TRL generates, then trains, on --trl-threads (default every core; 1 until stop 50)",
+    "and the step trains on the rest, and on every core from the layer where the engine idles "
+    "(agentrl/inference/cpu/threads.py); under sync, where they take turns, each has every core. TRL generates, "
+    "then trains, on --trl-threads (default every core)",
     "generation: agentrl's HF engine (continuous batching of the 8 requests, and of the next batch beside "
     "them when an update is skipped: rollout.concurrency 16); TRL model.generate on the batch of 8 (no vLLM "
     "on this CPU), gradient checkpointing off in both",
@@ -510,11 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-tasks", type=int, default=Settings.num_tasks)
     ap.add_argument("--seed", type=int, default=Settings.seed)
     ap.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
-                    help="TRL's torch threads (default: every core, as each of agentrl's sync phases; "
-                         "until stop 50 TRL ran on 1)")
+                    help="TRL's torch threads (default: every core, as each of agentrl's sync phases)")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="both learners' precision; auto: bfloat16 autocast where the CPU multiplies bf16 natively "
-                         "(AVX512-BF16 or AMX, agentrl's default), else float32 (until stop 51 pinned to float32)")
+                         "(AVX512-BF16 or AMX, agentrl's default), else float32")
     ap.add_argument("--grade-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
