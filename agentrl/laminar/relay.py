@@ -298,8 +298,10 @@ def gather_laid_out(specs: tuple[TensorSpec, ...], tensors: Mapping[str, torch.T
 
 
 def laid_out_as_pushed(tensors: Mapping[str, torch.Tensor], specs: tuple[TensorSpec, ...]) -> bool:
-    """Whether every tensor is already in its spec's dtype (no cast to make while copying)."""
-    return all(str(tensors[s.name].dtype).removeprefix("torch.") == s.dtype for s in specs)
+    """Whether every tensor is in host memory and already in its spec's dtype (a relay can serve
+    them as they are: no cast to make, nothing to bring to the host)."""
+    return all(tensors[s.name].device.type == "cpu" and str(tensors[s.name].dtype).removeprefix("torch.") == s.dtype
+               for s in specs)
 
 
 def read_only_tensor(array: np.ndarray) -> torch.Tensor:

@@ -310,3 +310,5 @@ def test_only_weights_that_need_no_cast_are_served_as_pushed():
     sd = _weights()
     assert laid_out_as_pushed(sd, layout(sd)[0])
     assert not laid_out_as_pushed(sd, layout(sd, {"w2": "bfloat16"})[0])  # the engines compute w2 in bf16
+    on_device = dict(sd, w0=sd["w0"].to("meta"))  # a GPU learner's tensor: the relay brings it to the host
+    assert not laid_out_as_pushed(on_device, layout(sd)[0])
