@@ -8,6 +8,7 @@ Importing agentrl registers the built-in envs (with gymnasium too) but loads no 
 torch and the envs' own modules are imported only when used.
 """
 
+import importlib
 from typing import Any
 
 from agentrl.agent_env import AgentEnv, EnvAgent
@@ -44,8 +45,6 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agentrl' has no attribute '{name}'")
 

@@ -11,9 +11,15 @@ or bad config (nothing was started).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
+
+import agentrl
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -98,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from agentrl.config import explain_config, load_config
+    from agentrl.config import explain_config, load_config  # lazy, as every command's own modules
 
     overrides = list(args.overrides)
     for flag, key in (("backend", "laminar.backend"), ("engine", "engine.kind"), ("model", "model.name")):
@@ -114,7 +120,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(explain_config(plan.config, load_config()), end="")
         return 0
-    from agentrl.run import train
+    from agentrl.run import train  # heavy lazy load: torch, the engine
 
     return train(plan)
 
@@ -126,7 +132,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     if args.model:
         overrides.append(f"model.name={args.model}")
     plan = prepare_sft(args.env, args.config, overrides, args.data)
-    from agentrl.sft import run_sft
+    from agentrl.sft import run_sft  # heavy lazy load: torch, the model
 
     return run_sft(plan)
 
@@ -150,8 +156,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_envs(_: argparse.Namespace) -> int:
-    import agentrl
-
     for name, target in sorted(agentrl.registry().items()):
         print(f"{name:16s} {target}")
     return 0
@@ -160,20 +164,16 @@ def _cmd_envs(_: argparse.Namespace) -> int:
 def _cmd_env(args: argparse.Namespace) -> int:
     if args.env_command != "check":
         build_parser().parse_args(["env", "--help"])
-    from agentrl.envcheck import main as check_main
+    from agentrl.envcheck import main as check_main  # heavy lazy load: the env and its sandboxes
 
     return check_main([args.name, *args.kwargs, *(["--adversarial"] if args.adversarial else [])])
 
 
 def _cmd_sandbox(args: argparse.Namespace) -> int:
-    import json
-    import subprocess
-    from pathlib import Path
-
     if args.sandbox_command == "build":
         script = Path(__file__).resolve().parent.parent / "scripts" / "docker_up.sh"
         return subprocess.call(["bash", str(script)])
-    from agentrl.sandboxes import admin
+    from agentrl.sandboxes import admin  # lazy: the Docker SDK
 
     if args.sandbox_command == "ls":
         for row in admin.list_containers(run_id=args.run_id):
@@ -194,7 +194,7 @@ def _cmd_swe(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from agentrl.report import write_report
+    from agentrl.report import write_report  # heavy lazy load: matplotlib
 
     out = write_report(args.run_dir)
     print(f"report written to {out}")
@@ -207,7 +207,7 @@ COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "eval": _cmd_eval, "serve": _c
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["swe"] and argv[1:2] in (["synth"], ["validate"], ["build"], ["stats"]):
-        from agentrl.envs.swe.cli import main as synth_main
+        from agentrl.envs.swe.cli import main as synth_main  # lazy: the swe env's task tooling
 
         return synth_main(argv[1:])
     parser = build_parser()
@@ -237,11 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141
     except Exception as e:
-        from agentrl.errors import explain
+        from agentrl.errors import explain  # lazy: only a failure needs it
 
         if debug:
-            import traceback
-
             traceback.print_exc()
         code, line = explain(e)
         print(f"agentrl {command}: {line}", file=sys.stderr)

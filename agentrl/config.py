@@ -510,7 +510,7 @@ def _cuda_devices(load: bool = False) -> int:
     """GPUs torch sees, without importing torch when nothing else has (unless `load`)."""
     torch = sys.modules.get("torch")
     if torch is None and load:
-        import torch
+        import torch  # heavy lazy load, and only when asked
     return torch.cuda.device_count() if torch is not None else 0
 
 

@@ -32,12 +32,15 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -509,6 +512,7 @@ class ToolEnv(Env):
         if self.sandbox_pool is not None:
             return self.sandbox_pool
         if self._private_pool is None:
+            # lazy: an env that never runs code loads no sandbox backend
             from agentrl.config import SandboxConfig
             from agentrl.sandboxes import make_pool
 
@@ -651,10 +655,6 @@ def load_entry_point(entry_point: str) -> Any:
 
 def _import_file(path: str) -> Any:
     """Import a module from a file path ("my_env.py:MyEnv" works like "my_env:MyEnv")."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     file = Path(path).resolve()
     if not file.is_file():
         raise ImportError(f"no such file: {path}")

@@ -178,7 +178,7 @@ class _Checker:
             inner.sandbox_pool = self.pool
 
     def gymnasium(self) -> str:
-        from gymnasium.utils.env_checker import check_env as gym_check_env
+        from gymnasium.utils.env_checker import check_env as gym_check_env  # lazy: only this check needs it
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -272,6 +272,7 @@ class _Checker:
         """Play the demonstrations of a few train tasks through the real rollout engine (the
         embedded model's chat template), each on a fresh env (the rollout closes its env); each
         must reach the env's best reward."""
+        # heavy lazy load: the rollout engine and the tokenizer (transformers)
         from agentrl.demos import demonstration_problem, play_demonstration
         from agentrl.models import load_tokenizer, resolve_model
 
@@ -286,7 +287,11 @@ class _Checker:
         return f"{len(picks)} demonstration(s) of train tasks reached the best reward"
 
     def adversarial(self) -> str:
-        from agentrl.reward_hacks import SHELL_HACKS, adversarial_pass, generic_hacks
+        from agentrl.reward_hacks import (  # lazy: --adversarial only
+            SHELL_HACKS,
+            adversarial_pass,
+            generic_hacks,
+        )
 
         inner = _tool_env(self.env)
         if inner is None:

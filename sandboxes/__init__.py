@@ -12,15 +12,14 @@ engine), `process` (no isolation; only when asked for by name).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from agentrl.config import SandboxConfig
 
 from .base import ExecResult, Sandbox
 from .common import Limits, SandboxError, SandboxTimeout
 from .local import LocalSandbox, ProcessSandbox
 from .pool import Lease, SandboxPool
-
-if TYPE_CHECKING:
-    from agentrl.config import SandboxConfig
 
 BACKENDS = ("local", "docker", "process")
 DEFAULT_POOL_SIZE = 4  # a SandboxConfig built by hand, not by load_config (which sizes it to rollout.concurrency)
@@ -44,8 +43,6 @@ __all__ = [
 def make_sandbox(cfg: SandboxConfig | None = None, run_id: str | None = None, pool: str = "default") -> Sandbox:
     """One sandbox of the configured backend. Nothing starts until its first use or `await sb.start()`."""
     if cfg is None:
-        from agentrl.config import SandboxConfig
-
         cfg = SandboxConfig()
     limits = Limits.from_config(cfg)
     if cfg.backend == "local":
@@ -53,7 +50,7 @@ def make_sandbox(cfg: SandboxConfig | None = None, run_id: str | None = None, po
     if cfg.backend == "process":
         return ProcessSandbox(limits)
     if cfg.backend == "docker":
-        from .docker import DockerSandbox
+        from .docker import DockerSandbox  # optional: the Docker SDK
 
         return DockerSandbox(cfg.image, limits, run_id=run_id, pool=pool, read_only=cfg.read_only_root)
     raise ValueError(f"unknown sandbox backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -64,13 +61,11 @@ def make_pool(cfg: SandboxConfig | None = None, run_id: str | None = None, name:
     """A warm pool of `size` (default cfg.pool_size, else DEFAULT_POOL_SIZE) sandboxes; call
     `await pool.start()` to warm it."""
     if cfg is None:
-        from agentrl.config import SandboxConfig
-
         cfg = SandboxConfig()
     if cfg.backend not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {cfg.backend!r}; choose one of {', '.join(BACKENDS)}")
     if cfg.backend == "docker":  # a wedged engine breaks the pool at once (lazy: as make_sandbox)
-        from .docker import engine_ping
+        from .docker import engine_ping  # optional: the Docker SDK
 
         pool_kwargs.setdefault("liveness", engine_ping)
     return SandboxPool(lambda: make_sandbox(cfg, run_id=run_id, pool=name), size or cfg.pool_size or DEFAULT_POOL_SIZE,

@@ -15,6 +15,7 @@ from typing import Any
 
 from .common import SandboxError
 from .docker import LABEL_CREATED, LABEL_POOL, LABEL_RUN, LABEL_SANDBOX, docker_client
+from .local import TEMP_PREFIX, _force_rmtree
 
 
 def _filters(run_id: str | None) -> dict[str, list[str]]:
@@ -50,7 +51,7 @@ def list_containers(all_runs: bool = True, run_id: str | None = None, client: An
 def prune(run_id: str | None = None, older_than_s: float | None = None, client: Any = None) -> int:
     """Remove (force) agentrl sandbox containers and their /work volumes: all of them, those of one
     run, and/or those older than `older_than_s`. Returns how many were removed."""
-    import docker
+    import docker  # optional: the Docker SDK
 
     if older_than_s is not None and older_than_s < 0:
         raise ValueError(f"older_than_s must be >= 0, got {older_than_s}")
@@ -72,8 +73,6 @@ def prune(run_id: str | None = None, older_than_s: float | None = None, client: 
 def prune_local_dirs(tmp_root: str | None = None) -> int:
     """Remove local-sandbox work dirs whose creating process is gone (a crash skipped close()).
     Returns how many were removed."""
-    from .local import TEMP_PREFIX, _force_rmtree
-
     removed = 0
     for path in Path(tmp_root or tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*-*"):
         pid = path.name[len(TEMP_PREFIX):].split("-", 1)[0]
@@ -113,7 +112,7 @@ def build_image(base: str, tag: str, packages: Sequence[str] = (), pip: Sequence
                 run: Sequence[str] = (), client: Any = None) -> str:
     """Build `tag` from `base` (host network for the build only; sandboxes still run with none).
     Returns the image id."""
-    import docker
+    import docker  # optional: the Docker SDK
 
     client = client or docker_client()
     try:

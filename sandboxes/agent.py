@@ -354,7 +354,7 @@ def drop_ipc() -> None:
 def undumpable() -> bool:
     """prctl(PR_SET_DUMPABLE, 0); whether it took."""
     try:
-        import ctypes
+        import ctypes  # inside the try: a minimal Python may lack it
 
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0

@@ -60,7 +60,7 @@ def _remove_leftovers() -> None:
 def docker_client() -> Any:
     """The shared SDK client (one connection pool for every sandbox in this process)."""
     try:
-        import docker
+        import docker  # optional: the Docker SDK
     except ImportError:
         raise SandboxError("the docker backend needs the Docker SDK: pip install 'agentrl[docker]'") from None
     try:
@@ -132,14 +132,14 @@ class DockerSandbox(AgentSandbox):
             raise
 
     def _kill(self) -> None:
-        import docker
+        import docker  # optional: the Docker SDK
 
         if self._container is not None:
             with contextlib.suppress(docker.errors.APIError):  # already dead: the same outcome
                 self._container.kill()
 
     def _teardown(self) -> None:
-        import docker
+        import docker  # optional: the Docker SDK
 
         container, self._container = self._container, None
         if container is None:
@@ -158,7 +158,7 @@ class DockerSandbox(AgentSandbox):
         _LIVE.pop(container.id, None)
 
     def _run_container(self) -> Any:
-        import docker
+        import docker  # optional: the Docker SDK
 
         try:
             self.client.images.get(self.image)
@@ -186,7 +186,7 @@ class DockerSandbox(AgentSandbox):
                      docker.types.Ulimit(name="core", soft=0, hard=0)])
 
     def _attach(self, container: Any) -> AgentChannel:
-        from docker.utils.socket import STDOUT, frames_iter
+        from docker.utils.socket import STDOUT, frames_iter  # optional: the Docker SDK
 
         sock = self.client.api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
         raw = getattr(sock, "_sock", sock)

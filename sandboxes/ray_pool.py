@@ -15,12 +15,16 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import shutil
 import tarfile
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import SandboxConfig
+
+from . import make_pool
 from .base import ExecResult
 from .common import SandboxError
 
@@ -43,10 +47,6 @@ class SandboxPoolActor:
     """The body of the `RaySandboxPool` actor (kept plain so it reads and tests without Ray)."""
 
     def __init__(self, cfg: Any, run_id: str | None = None, name: str = "ray", size: int | None = None) -> None:
-        from agentrl.config import SandboxConfig
-
-        from . import make_pool
-
         cfg = cfg if isinstance(cfg, SandboxConfig) else SandboxConfig(**cfg)
         self.backend = cfg.backend
         self.pool = make_pool(cfg, run_id=run_id, name=name, size=size)
@@ -135,8 +135,6 @@ class RaySandbox:
             payload, dst = Path(tmp) / "payload", Path(local_path)
             dst.parent.mkdir(parents=True, exist_ok=True)
             if dst.is_dir() and payload.is_dir():
-                import shutil
-
                 shutil.copytree(payload, dst, dirs_exist_ok=True)
             else:
                 payload.replace(dst)
@@ -172,7 +170,7 @@ class NodePoolClient:
 
 def ray_pool_class(num_cpus: float = 0, pool_cls: type = SandboxPoolActor) -> Any:
     """The `RaySandboxPool` actor class (async actor: many leases served concurrently)."""
-    import ray
+    import ray  # optional: the ray extra
 
     return ray.remote(num_cpus=num_cpus)(pool_cls)
 
@@ -183,8 +181,8 @@ def start_node_pools(cfg: Any, run_id: str | None = None, size: int | None = Non
     """One started `RaySandboxPool` actor per alive node (or per node id in `nodes`), pinned there
     and named `agentrl-sandbox-pool-<node id>` so any process can find it with `ray.get_actor`;
     `pool_cls` is `SandboxPoolActor` or a subclass (the training loop's `OwnedSandboxPool`)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray  # optional: the ray extra
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: the ray extra
 
     cfg_dict = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
     node_ids = nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]

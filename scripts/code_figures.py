@@ -5,8 +5,9 @@ that sit inside function bodies (in agentrl/, envs/, tools/, sandboxes/) and the
     python scripts/code_figures.py            # the figures
     python scripts/code_figures.py --list     # and every import inside a function, file:line
 
-An import inside a function is allowed for an optional dependency or a heavy lazy load (the house
-style says why in a comment); this counts them all so a change can show the number going down.
+An import inside a function is allowed for an optional dependency or a heavy lazy load, with a
+comment saying which (tests/test_import_contracts.py checks that each has one); this counts them
+all so a change can show the number going down.
 """
 from __future__ import annotations
 
@@ -35,6 +36,29 @@ def imports_in_functions(path: Path) -> list[int]:
     return lines
 
 
+def _is_import(line: str) -> bool:
+    return (line.startswith(("import ", "from ")) and " import " in line) or line.startswith("import ")
+
+
+def unexplained(path: Path, lines: list[int]) -> list[int]:
+    """Of the in-function imports at `lines`, those with no reason: no comment on their own line,
+    on another import of their block (consecutive imports, blank lines between), or on the line
+    just above the block."""
+    text = path.read_text().splitlines()
+    out = []
+    for n in lines:
+        first = last = n - 1  # 0-based bounds of the block
+        while first > 0 and (_is_import(text[first - 1].strip()) or not text[first - 1].strip()):
+            first -= 1
+        while last + 1 < len(text) and (_is_import(text[last + 1].strip()) or not text[last + 1].strip()):
+            last += 1
+        block = [line for line in text[first:last + 1] if line.strip()]
+        above = text[first - 1].strip() if first > 0 else ""
+        if not above.startswith("#") and not any("#" in line for line in block):
+            out.append(n)
+    return out
+
+
 def config_leaf_fields(path: Path) -> int:
     """Leaf fields of the config's dataclasses: annotated class fields whose type is not another
     dataclass of the same module (those are sections, counted through their own fields)."""
@@ -55,15 +79,19 @@ def figures(root: Path = ROOT) -> tuple[dict, list[str]]:
              for p in sorted((root / "agentrl").rglob("*.py"))}
     largest = max(sizes, key=sizes.get)
     inside: list[str] = []
+    no_reason: list[str] = []
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
-            inside += [f"{path.relative_to(root)}:{line}" for line in imports_in_functions(path)]
+            lines = imports_in_functions(path)
+            inside += [f"{path.relative_to(root)}:{line}" for line in lines]
+            no_reason += [f"{path.relative_to(root)}:{line}" for line in unexplained(path, lines)]
     return {
         "agentrl_lines": sum(sizes.values()),
         "agentrl_modules": len(sizes),
         "largest_module": largest,
         "largest_module_lines": sizes[largest],
         "imports_in_functions": len(inside),
+        "imports_in_functions_without_a_reason": no_reason,
         "config_leaf_fields": config_leaf_fields(root / "agentrl" / "config.py"),
     }, inside
 

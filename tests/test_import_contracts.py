@@ -55,3 +55,29 @@ def test_a_circle_inside_a_package_breaks_the_contracts(tree: Path) -> None:
     assert out.returncode != 0
     assert "agentrl.envs.swe.source is not allowed to import agentrl.envs.swe.env" in out.stdout, out.stdout[-3000:]
     assert "No cycles are allowed in agentrl.envs.swe" in out.stdout, out.stdout[-3000:]
+
+
+def _code_figures():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import code_figures
+    finally:
+        sys.path.pop(0)
+    return code_figures
+
+
+def test_every_import_inside_a_function_says_why() -> None:
+    """An import inside a function body is for an optional dependency or a heavy lazy load, and a
+    comment on it (or just above its block) says which."""
+    figures, _ = _code_figures().figures(ROOT)
+    assert figures["imports_in_functions_without_a_reason"] == []
+
+
+def test_an_unexplained_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import json\n\n    return json\n\n\n"
+                      "def g():\n    # optional: the ray extra\n    import ray\n    from ray import util\n\n    return ray, util\n\n\n"
+                      "def h():\n    import torch  # heavy lazy load\n    return torch\n")
+    figures = _code_figures()
+    lines = figures.imports_in_functions(module)
+    assert lines == [2, 9, 10, 16] and figures.unexplained(module, lines) == [2]

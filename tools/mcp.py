@@ -86,7 +86,7 @@ def _default_binds(argv: Sequence[str]) -> tuple[str, ...]:
 
 def _require_mcp() -> Any:
     try:
-        import mcp
+        import mcp  # optional: the mcp extra
     except ImportError:
         raise MCPError(f"the `mcp` package is not installed (MCP tools need it); fix: {INSTALL}") from None
     return mcp
@@ -99,12 +99,14 @@ async def _connect(server: MCPServer, sandbox: Any = None) -> Any:
     mcp = _require_mcp()
     if server.url is not None:
         try:  # mcp >= 2
+            # optional: the mcp extra
             from mcp.client.streamable_http import streamable_http_client as http_client
         except ImportError:  # mcp 1.x
+            # optional: the mcp extra
             from mcp.client.streamable_http import streamablehttp_client as http_client
         transport = http_client(server.url)
     else:
-        from mcp.client.stdio import stdio_client
+        from mcp.client.stdio import stdio_client  # optional: the mcp extra
 
         if sandbox is None:
             argv, env, cwd = list(server.command), {**os.environ, **dict(server.env)}, server.cwd

@@ -96,7 +96,7 @@ def _require_openenv() -> None:
 
 
 def _environment_class(entry: str) -> type:
-    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.interfaces import Environment  # optional: the openenv extra
 
     module_name, name = entry.rsplit(":", 1)
     try:
@@ -127,7 +127,7 @@ def _module_of(module_name: str) -> Any:
 @functools.lru_cache(maxsize=32)
 def _action_class(env_cls: type) -> type:
     """The Action model an Environment class steps with: its `step` annotation, else its generic argument."""
-    from openenv.core.env_server.types import Action
+    from openenv.core.env_server.types import Action  # optional: the openenv extra
 
     with contextlib.suppress(Exception):
         hinted = typing.get_type_hints(env_cls.step).get("action")
@@ -194,7 +194,7 @@ def _remote_tools(url: str) -> tuple[tuple[ToolSpec, ...], bool]:
 
 def _is_mcp_class(env_cls: type) -> bool:
     try:  # MCPEnvironment needs fastmcp, which an OpenEnv install may lack
-        from openenv.core.env_server.mcp_environment import MCPEnvironment
+        from openenv.core.env_server.mcp_environment import MCPEnvironment  # optional: the openenv extra
     except ImportError:
         return False
     return issubclass(env_cls, MCPEnvironment)
@@ -206,7 +206,7 @@ def _class_tools(env_cls: type) -> tuple[tuple[ToolSpec, ...], bool]:
         schema = _action_class(env_cls).model_json_schema()
         if not _is_mcp(schema):
             return (_step_spec(schema),), False
-    from openenv.core.env_server.mcp_types import ListToolsAction
+    from openenv.core.env_server.mcp_types import ListToolsAction  # optional: the openenv extra
 
     env = env_cls()
     try:
@@ -225,7 +225,7 @@ class _RemoteSession:
     """A WebSocket session on an OpenEnv server (openenv's GenericEnvClient): one server-side env."""
 
     def __init__(self, url: str, *, connect_timeout_s: float, step_timeout_s: float, capacity_wait_s: float) -> None:
-        from openenv.core.generic_client import GenericEnvClient
+        from openenv.core.generic_client import GenericEnvClient  # optional: the openenv extra
 
         self.url = url
         self.capacity_wait_s = capacity_wait_s
@@ -276,7 +276,7 @@ class _LocalSession:
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         method = getattr(self.env, f"{name}_async")
-        from openenv.core.env_server.interfaces import Environment
+        from openenv.core.env_server.interfaces import Environment  # optional: the openenv extra
 
         if getattr(type(self.env), f"{name}_async") is not getattr(Environment, f"{name}_async"):
             return await method(*args, **kwargs)  # the env's own async implementation
@@ -291,8 +291,8 @@ class _LocalSession:
             raise EnvError(f"{self.env_cls.__name__}.reset raised {type(e).__name__}: {e}") from e
 
     async def step(self, action: dict[str, Any]) -> dict[str, Any]:
-        from openenv.core.env_server.serialization import deserialize_action
-        from pydantic import ValidationError
+        from openenv.core.env_server.serialization import deserialize_action  # optional: the openenv extra
+        from pydantic import ValidationError  # optional: the openenv extra
 
         try:
             typed = deserialize_action(action, _action_class(self.env_cls))
@@ -346,6 +346,7 @@ class OpenEnvEnv(ToolEnv):
             specs, self.is_mcp = _class_tools(self._env_cls)
         else:
             if self.target.kind == "image":
+                # optional: Docker, for an image target only
                 from agentrl.interop.docker_server import docker_server
 
                 self._url = docker_server(self.target.value, port=port).url
@@ -369,7 +370,7 @@ class OpenEnvEnv(ToolEnv):
         elif target.kind == "url":
             _remote_tools(target.value)
         else:
-            from agentrl.sandboxes.docker import docker_client
+            from agentrl.sandboxes.docker import docker_client  # optional: Docker, for an image target only
 
             try:
                 docker_client().images.get(target.value)

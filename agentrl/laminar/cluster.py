@@ -136,7 +136,7 @@ def node_pool() -> Any:
     """The pool client of the sandbox pool actor on this process's node."""
     node = current_node()
     if node not in _NODE_POOLS:
-        import ray
+        import ray  # optional: the ray extra
 
         try:
             actor = ray.get_actor(f"{ACTOR_PREFIX}-{node}")
@@ -164,7 +164,7 @@ async def pool_metrics(pools: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 async def stop_pools(pools: dict[str, Any]) -> None:
     """Close every pool (its sandboxes go) and end the actors."""
-    import ray
+    import ray  # optional: the ray extra
 
     for actor in pools.values():
         with contextlib.suppress(Exception):

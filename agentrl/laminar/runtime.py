@@ -48,7 +48,7 @@ def _local_handle(key: int) -> LocalHandle:
 def ray_round_trip(value: Any) -> Any:
     """What a Ray actor receives for `value`: a cloudpickle round trip (handles by reference).
     Raises what Ray would raise for an object that cannot cross a process boundary."""
-    import cloudpickle
+    import cloudpickle  # optional: the ray extra
 
     return cloudpickle.loads(cloudpickle.dumps(value))
 
@@ -109,8 +109,8 @@ class RayHandle:
         remote = getattr(self._actor, method).remote
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            import ray
-            import ray.exceptions
+            import ray  # optional: the ray extra
+            import ray.exceptions  # optional: the ray extra
 
             if not ray.is_initialized():  # a call after shutdown would start a fresh cluster (auto-init)
                 raise ActorDied(f"{self.name}: Ray is shut down")
@@ -144,7 +144,7 @@ def put_for(handle: Any, value: Any) -> Any:
     component, as it is."""
     if not isinstance(handle, RayHandle):
         return value
-    import ray
+    import ray  # optional: the ray extra
 
     return InStore(ray.put(value))
 
@@ -238,7 +238,7 @@ class RayRuntime:
 
     def __init__(self, address: str | None = None, num_cpus: int | None = 2,
                  runtime_env: dict[str, Any] | None = None) -> None:
-        import ray
+        import ray  # optional: the ray extra
 
         self.started_ray = not ray.is_initialized()  # then `close()` ends the cluster it started
         self.reaper: Reaper | None = None
@@ -253,7 +253,7 @@ class RayRuntime:
 
     def close(self) -> None:
         """After `shutdown`: end the Ray cluster if this runtime started it (`--ray local`)."""
-        import ray
+        import ray  # optional: the ray extra
 
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
@@ -263,7 +263,7 @@ class RayRuntime:
 
     def spawn(self, cls: type, *args: Any, name: str, resources: Resources | None = None,
               **kwargs: Any) -> RayHandle:
-        import ray
+        import ray  # optional: the ray extra
 
         res = resources or Resources()
         options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_concurrency": 1000,
@@ -271,6 +271,7 @@ class RayRuntime:
         if res.custom:
             options["resources"] = dict(res.custom)
         if res.node is not None:
+            # optional: the ray extra
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(res.node, soft=False)
@@ -281,17 +282,17 @@ class RayRuntime:
 
     def nodes(self) -> list[str]:
         """The ids of the alive nodes."""
-        import ray
+        import ray  # optional: the ray extra
 
         return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
     async def kill(self, handle: RayHandle) -> None:
-        import ray
+        import ray  # optional: the ray extra
 
         ray.kill(handle.actor, no_restart=True)
 
     async def shutdown(self) -> None:
-        import ray
+        import ray  # optional: the ray extra
 
         for h in self.handles:
             with contextlib.suppress(Exception):  # already gone

@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from agentrl.env import ToolEnv
+from agentrl.envs.search.demos import search_demonstration
 from agentrl.envs.search.questions import generate_questions
 from agentrl.envs.search.retriever import BM25Retriever, RemoteRetriever, Retriever
 from agentrl.envs.search.scoring import score
@@ -109,8 +110,6 @@ class SearchEnv(ToolEnv):
 
     async def demonstrate(self, task: Task, seed: int = 0) -> list[str]:
         """The question's retrieval path, then the answer (envs/search/demos.py)."""
-        from agentrl.envs.search.demos import search_demonstration
-
         return search_demonstration(task, self.tool_parser.format_call, seed)
 
     async def reward(self, task: Task, state: Any) -> dict[str, float]:
