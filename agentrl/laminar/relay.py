@@ -264,6 +264,13 @@ class WeightSnapshot:
             return ReadOnlyWeights({s.name: self._tensors[s.name] for s in self.specs})
         return ReadOnlyWeights(unflatten(self.specs, self.flat))
 
+    def held(self) -> list[torch.Tensor]:
+        """The tensors holding this version's bytes (memory accounting): the flat buffer, or the
+        tensors as pushed; none before a stored snapshot is resolved."""
+        if self._flat is not None:
+            return [self._flat]
+        return list((self._tensors or {}).values())
+
     def bytes_at(self, start: int, end: int) -> np.ndarray:
         """Bytes [start, end) of the flat layout (a chunk for the next relay)."""
         if self._flat is None and self._tensors is not None:
@@ -380,7 +387,7 @@ class Relay:
         self._buffers = HostBufferPool()
         self.stats: dict[str, Any] = {"received_versions": [], "broadcast_s": {}, "completed_at": {},
                                       "failovers": 0, "served_as_pushed": 0}
-        track("relay_buffers", self, lambda r: [*([r._complete.flat] if r._complete else []),
+        track("relay_buffers", self, lambda r: [*(r._complete.held() if r._complete else []),
                                                  *(i.flat for i in list(r._incoming.values())),
                                                  *([r._streaming[2]] if r._streaming else [])])
 

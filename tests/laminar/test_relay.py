@@ -298,6 +298,7 @@ async def test_weights_put_in_the_store_are_served_as_pushed_and_forwarded_intac
     assert all(got[k].data_ptr() == pushed[k].data_ptr() for k in sd)  # the pushed bytes, not a copy
     stats = await m.get_stats()
     assert stats["served_as_pushed"] == 1 and stats["buffers_allocated"] == 0
+    assert {t.data_ptr() for t in served.held()} == {t.data_ptr() for t in pushed.values()}  # what phases count
     forwarded = (await a.fetch_latest(policy="local")).state_dict()
     assert all(torch.equal(forwarded[k], sd[k]) for k in sd)
     assert (await m.checksum())[1] == (await a.checksum())[1] == served.checksum()
