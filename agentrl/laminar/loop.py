@@ -36,7 +36,15 @@ from agentrl.laminar.manager import RolloutManager
 from agentrl.laminar.partial import PartialResponsePool
 from agentrl.laminar.prompts import PromptPool
 from agentrl.laminar.relay import Relay, RelayChain, WeightMeta
-from agentrl.laminar.runtime import ActorDied, LocalRuntime, Resources, Runtime, gather_alive, ray_runtime
+from agentrl.laminar.runtime import (
+    ActorDied,
+    LocalRuntime,
+    Resources,
+    Runtime,
+    gather_alive,
+    ray_runtime,
+    this_node_first,
+)
 from agentrl.laminar.worker import RolloutWorker
 from agentrl.phases import mark_phase, phase
 from agentrl.progress import status as run_status
@@ -117,8 +125,8 @@ async def build_system(cfg: Config, env_factory: Callable[[], Any], tasks: list[
         await prompts.load_state_dict(resume_state["prompts"])
         # groups that were half generated belong to workers that are gone: their prompts are skipped
         await buffer.load_state_dict({**resume_state["buffer"], "pending": {}})
-    nodes: list[str] = rt.nodes() if rt.kind == "ray" else []  # type: ignore[attr-defined]
-    if nodes:  # one relay per node, pinned there; workers fetch from their own node's
+    nodes: list[str] = this_node_first(rt.nodes()) if rt.kind == "ray" else []  # type: ignore[attr-defined]
+    if nodes:  # one relay per node, pinned there, the master on the trainer's; workers fetch from their own node's
         relays = [rt.spawn(Relay, f"relay{i}", chunk_bytes=lam.chunk_bytes, hop_delay_s=hop_delay_s,
                            object_store=True, name=f"relay{i}", resources=Resources(node=node))
                   for i, node in enumerate(nodes)]

@@ -182,6 +182,14 @@ def current_node() -> str:
     return "local"
 
 
+def this_node_first(nodes: list[str]) -> list[str]:
+    """`nodes` with this process's node first: the trainer's node hosts the master relay, which
+    serves the trainer's own object-store copy of a push (`put_for`) to that node's workers, so
+    the push crosses no network before the chain starts and that node keeps one copy."""
+    here = current_node()
+    return sorted(nodes, key=lambda node: node != here)
+
+
 def local_cluster_cpus(cfg: Config) -> int:
     """Logical CPUs of a `--ray local` cluster: enough for every actor this run reserves
     (Ray would otherwise leave an actor pending forever on a small machine)."""

@@ -13,7 +13,7 @@ from ray.cluster_utils import Cluster
 
 from agentrl.laminar.cluster import NodeEnvFactory, current_node, start_pools, stop_pools
 from agentrl.laminar.loop import build_system, shutdown, train
-from agentrl.laminar.runtime import RayRuntime
+from agentrl.laminar.runtime import RayRuntime, this_node_first
 from agentrl.types import Message, StepResult
 
 from .helpers import FakeLearner, fake_engine, small_config
@@ -65,8 +65,8 @@ async def test_two_nodes_relay_and_sandbox_pool_per_node(cluster):
     cfg = small_config("sync", **{"laminar.worker_num_cpus": 1.5, "laminar.pool_num_cpus": 0.25,
                                   "laminar.num_workers": 2, "laminar.wait_timeout_s": 60,
                                   "sandbox.backend": "local", "sandbox.pool_size": 2})
-    nodes = cluster.nodes()
-    assert len(nodes) == 2
+    nodes = this_node_first(cluster.nodes())  # the order of the relays: the master beside the trainer
+    assert len(nodes) == 2 and nodes[0] == current_node()
     pools = await start_pools(cfg, run_id="test-two-nodes")
     assert sorted(pools) == sorted(nodes)
     engines = [functools.partial(fake_engine, seed=i) for i in range(2)]
