@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import hashlib
 import math
 import time
@@ -260,26 +261,31 @@ class WeightSnapshot:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Views of this version's bytes, which nobody writes again once the version is complete."""
-        if self._flat is None and self._tensors is not None:
+        if self._tensors is not None:
             return ReadOnlyWeights({s.name: self._tensors[s.name] for s in self.specs})
         return ReadOnlyWeights(unflatten(self.specs, self.flat))
 
     def held(self) -> list[torch.Tensor]:
         """The tensors holding this version's bytes (memory accounting): the flat buffer, or the
         tensors as pushed; none before a stored snapshot is resolved."""
-        if self._flat is not None:
-            return [self._flat]
-        return list((self._tensors or {}).values())
+        if self._tensors is not None:
+            return list(self._tensors.values())
+        return [self._flat] if self._flat is not None else []
 
     def bytes_at(self, start: int, end: int) -> np.ndarray:
         """Bytes [start, end) of the flat layout (a chunk for the next relay)."""
-        if self._flat is None and self._tensors is not None:
-            return gather_laid_out(self.specs, self._tensors, start, end)
+        if self._tensors is not None:
+            return gather_laid_out(self._placed, self._tensors, start, end)
         return self.flat.numpy()[start:end]
+
+    @functools.cached_property
+    def _placed(self) -> tuple[TensorSpec, ...]:
+        """The specs that own a byte range (a tied name shares its first name's), by offset."""
+        return tuple(sorted({s.offset: s for s in self.specs if s.nbytes}.values(), key=lambda s: s.offset))
 
     def checksum(self, step: int = 64 << 20) -> str:
         """`checksum` of the flat layout, whichever form holds the bytes."""
-        if self._flat is not None or self._tensors is None:
+        if self._tensors is None:
             return checksum(self.flat)
         digest = hashlib.sha1()
         for start in range(0, self.nbytes, step):
@@ -287,13 +293,13 @@ class WeightSnapshot:
         return digest.hexdigest()
 
 
-def gather_laid_out(specs: tuple[TensorSpec, ...], tensors: Mapping[str, torch.Tensor], start: int,
+def gather_laid_out(placed: tuple[TensorSpec, ...], tensors: Mapping[str, torch.Tensor], start: int,
                     end: int) -> np.ndarray:
-    """Bytes [start, end) of the flat buffer `specs` lay out, copied from the tensors themselves
-    (padding is zero): a relay serving a version as pushed forwards it down the chain this way."""
+    """Bytes [start, end) of the flat buffer laid out by `placed` (the specs owning a byte range,
+    by offset), copied from the tensors themselves (padding is zero): a relay serving a version as
+    pushed forwards it down the chain this way."""
     out = np.zeros(end - start, dtype=np.uint8)
-    placed = sorted({s.offset: s for s in specs if s.nbytes}.values(), key=lambda s: s.offset)
-    first = max(0, bisect.bisect_right([s.offset for s in placed], start) - 1)
+    first = max(0, bisect.bisect_right(placed, start, key=lambda s: s.offset) - 1)
     for s in placed[first:]:
         if s.offset >= end:
             break
